@@ -1,0 +1,1 @@
+"""Load balancers for routed FFNs (registered with ``BALANCERS``); see ``base.Balancer``."""

@@ -1,0 +1,1 @@
+"""Datasets (registered with ``DATASETS``, config group ``data``); see ``base.TokenDataset``."""

@@ -1,0 +1,62 @@
+"""The contract every dataset follows, and the deterministic batch schedule behind exact resumes.
+
+A dataset produces *global* micro-batches ``(input_ids, targets)`` of ``[batch_size, seq_len]`` int64,
+where batch ``i`` is a pure function of ``(seed, i)``. A data-parallel rank takes its slice of the rows,
+so any number of ranks sees the same global batch, and a resumed run continues at batch
+``steps_done * accumulate`` without replaying anything. Targets of ``-100`` are ignored by the loss.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+def batch_generator(seed: int, index: int, stream: int = 0) -> torch.Generator:
+    """A generator seeded by (seed, batch index, stream): independent of every other batch."""
+    g = torch.Generator()
+    g.manual_seed((seed * 1_000_003 + stream) * 1_000_000_007 + index)
+    return g
+
+
+class TokenDataset:
+    """Base class: subclasses set ``vocab_size`` and implement ``train_batch`` and ``val_batches``."""
+
+    vocab_size: int
+    seq_len: int
+    batch_size: int
+    # name of the task metric reported at validation besides the loss
+    metric: str = "loss"
+
+    def train_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def num_val_batches(self) -> int:
+        raise NotImplementedError
+
+    def val_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def val_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i in range(self.num_val_batches()):
+            yield self.val_batch(i)
+
+    # Sums that validation accumulates over batches (and ranks) before ``finish_metrics``.
+    def metric_sums(self, logits: torch.Tensor, targets: torch.Tensor, token_loss: torch.Tensor) -> dict[str, torch.Tensor]:
+        mask = targets != IGNORE_INDEX
+        return {"loss_sum": (token_loss * mask).sum(), "tokens": mask.sum()}
+
+    def finish_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        loss = sums["loss_sum"] / max(sums["tokens"], 1)
+        return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def baselines(self) -> dict[str, float]:
+        """Reference numbers printed beside the model's (e.g. compressors' bits per byte)."""
+        return {}

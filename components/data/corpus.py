@@ -1,0 +1,204 @@
+"""The default corpus: the running interpreter's own standard-library ``.py`` sources, as bytes.
+
+Needs no download and is the same on every machine with the same Python. Files are taken in sorted
+order of their path relative to the standard-library folder (``site-packages`` excluded) and assigned
+to train or validation by a hash of that path, so the split never depends on the file list. Tokens are
+bytes (0..255) plus one separator (256) after each file. The token streams are cached as memmaps on
+first use (written to a temporary name, then renamed, so a crash never leaves a half-written cache).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import lzma
+import math
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from components.data.base import TokenDataset, batch_generator
+from components.registry import DATASETS, ConfigError
+
+SEPARATOR = 256
+NUM_BYTE_TOKENS = 256
+
+
+@dataclass
+class CorpusConfig:
+    name: str = "corpus"
+    seq_len: int = 256
+    # global micro-batch (summed over data-parallel ranks)
+    batch_size: int = 32
+    # share of files (by path hash) held out for validation, in percent
+    val_percent: float = 2.0
+    # evaluate on at most this many validation tokens (None: the whole validation split)
+    val_tokens: Optional[int] = None
+    # 256 byte values + 1 separator; a larger value pads the embedding table
+    vocab_size: int = 257
+    # where the token cache goes (None: $K3_CACHE_DIR or ~/.cache/k3-sandbox)
+    cache_dir: Optional[str] = None
+
+    def validate(self, root: Any, key: str) -> None:
+        if self.seq_len < 2:
+            raise ConfigError(f"{key}.seq_len", f"must be at least 2, got {self.seq_len}")
+        if self.batch_size < 1:
+            raise ConfigError(f"{key}.batch_size", f"must be positive, got {self.batch_size}")
+        if not 0 < self.val_percent < 50:
+            raise ConfigError(f"{key}.val_percent", f"must be in (0, 50), got {self.val_percent}")
+        if self.vocab_size < NUM_BYTE_TOKENS + 1:
+            raise ConfigError(f"{key}.vocab_size", f"byte tokens need at least 257 entries, got {self.vocab_size}")
+        if self.val_tokens is not None and self.val_tokens < self.seq_len:
+            raise ConfigError(f"{key}.val_tokens", f"must be at least seq_len={self.seq_len}, got {self.val_tokens}")
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_sources(root: Path) -> list[str]:
+    """Relative paths of the standard library's ``.py`` files, sorted."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
+        for f in filenames:
+            if f.endswith(".py"):
+                found.append(os.path.relpath(os.path.join(dirpath, f), root))
+    return sorted(found)
+
+
+def is_validation(relpath: str, val_percent: float) -> bool:
+    h = int.from_bytes(hashlib.sha256(relpath.encode()).digest()[:8], "big")
+    return (h % 10_000) < val_percent * 100
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("K3_CACHE_DIR") or Path.home() / ".cache" / "k3-sandbox")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def build_corpus_cache(val_percent: float, cache_dir: Optional[str] = None) -> Path:
+    """Tokenise the standard library into ``train.bin`` / ``val.bin`` (uint16); returns the folder."""
+    root = stdlib_root()
+    files = stdlib_sources(root)
+    if not files:
+        raise FileNotFoundError(f"no .py files found under the standard library folder {root}")
+    fingerprint = hashlib.sha256(
+        json.dumps([sys.version, str(root), val_percent, [(f, os.path.getsize(root / f)) for f in files]]).encode()
+    ).hexdigest()[:16]
+    folder = Path(cache_dir) if cache_dir else default_cache_dir()
+    folder = folder / f"stdlib-corpus-{fingerprint}"
+    if (folder / "meta.json").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    streams: dict[str, list[bytes]] = {"train": [], "val": []}
+    counts = {"train": 0, "val": 0}
+    sep = np.array([SEPARATOR], dtype=np.uint16).tobytes()
+    for rel in files:
+        data = (root / rel).read_bytes()
+        split = "val" if is_validation(rel, val_percent) else "train"
+        streams[split].append(np.frombuffer(data, dtype=np.uint8).astype(np.uint16).tobytes() + sep)
+        counts[split] += 1
+    for split, parts in streams.items():
+        _write_atomic(folder / f"{split}.bin", b"".join(parts))
+    meta = {"python": sys.version, "files": counts, "val_percent": val_percent}
+    _write_atomic(folder / "meta.json", json.dumps(meta, indent=1).encode())  # written last: marks the cache complete
+    return folder
+
+
+def compressed_bits_per_byte(data: bytes) -> dict[str, float]:
+    """Bits per byte of ``gzip -9`` and ``xz -9e`` on ``data`` (same formats as the command-line tools)."""
+    n = max(len(data), 1)
+    return {
+        "gzip-9": 8 * len(gzip.compress(data, compresslevel=9, mtime=0)) / n,
+        "xz-9e": 8 * len(lzma.compress(data, format=lzma.FORMAT_XZ, preset=9 | lzma.PRESET_EXTREME)) / n,
+    }
+
+
+@DATASETS.register("corpus", CorpusConfig)
+class StdlibCorpus(TokenDataset):
+    """Python standard-library sources, byte-level (default corpus, no download)."""
+
+    metric = "bpb"
+
+    def __init__(self, cfg: CorpusConfig, seed: int):
+        self.cfg = cfg
+        self.seed = seed
+        self.vocab_size = cfg.vocab_size
+        self.seq_len = cfg.seq_len
+        self.batch_size = cfg.batch_size
+        self.folder = build_corpus_cache(cfg.val_percent, cfg.cache_dir)
+        self.train = np.memmap(self.folder / "train.bin", dtype=np.uint16, mode="r")
+        self.val = np.memmap(self.folder / "val.bin", dtype=np.uint16, mode="r")
+        n_val = (len(self.val) - 1) // cfg.seq_len
+        if cfg.val_tokens is not None:
+            n_val = min(n_val, cfg.val_tokens // cfg.seq_len)
+        self.num_val_windows = n_val
+        if len(self.train) <= cfg.seq_len + 1 or n_val < 1:
+            raise ValueError(f"corpus in {self.folder} is too small for seq_len={cfg.seq_len}")
+
+    def _windows(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        T = self.seq_len
+        rows = np.stack([tokens[s : s + T + 1] for s in starts]).astype(np.int64)  # [B, T+1]
+        rows_t = torch.from_numpy(rows)
+        return rows_t[:, :-1], rows_t[:, 1:]
+
+    def train_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = batch_generator(self.seed, index)
+        starts = torch.randint(0, len(self.train) - self.seq_len - 1, (self.batch_size,), generator=g).numpy()
+        return self._windows(self.train, starts)
+
+    def num_val_batches(self) -> int:
+        return math.ceil(self.num_val_windows / self.batch_size)
+
+    def val_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first = index * self.batch_size
+        starts = np.arange(first, min(first + self.batch_size, self.num_val_windows)) * self.seq_len
+        return self._windows(self.val, starts)
+
+    # bits per byte over byte targets (the separator is predicted and trained on, but is not a byte)
+    def metric_sums(self, logits, targets, token_loss):
+        sums = super().metric_sums(logits, targets, token_loss)
+        is_byte = targets < NUM_BYTE_TOKENS
+        sums["byte_loss_sum"] = (token_loss * is_byte).sum()
+        sums["bytes"] = is_byte.sum()
+        return sums
+
+    def finish_metrics(self, sums):
+        out = super().finish_metrics(sums)
+        out["bpb"] = sums["byte_loss_sum"] / max(sums["bytes"], 1) / math.log(2)
+        return out
+
+    def validation_bytes(self) -> bytes:
+        """The bytes whose prediction validation scores: the targets of every validation window."""
+        targets = np.asarray(self.val[1 : self.num_val_windows * self.seq_len + 1])
+        return targets[targets < NUM_BYTE_TOKENS].astype(np.uint8).tobytes()
+
+    def baselines(self) -> dict[str, float]:
+        path = self.folder / f"baselines-T{self.seq_len}-n{self.num_val_windows}.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        result = compressed_bits_per_byte(self.validation_bytes())
+        _write_atomic(path, json.dumps(result).encode())
+        return result
+
+    def describe(self) -> str:
+        return (
+            f"stdlib corpus: {len(self.train):,} train / {len(self.val):,} val tokens, "
+            f"{self.num_val_windows} validation windows of {self.seq_len}"
+        )

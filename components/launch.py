@@ -1,0 +1,213 @@
+"""Command-line entry: validate every job's config before Hydra creates anything, then run Hydra.
+
+``python train.py [overrides]`` composes the config exactly as Hydra will (same search path, same
+overrides; for ``-m`` every job of the sweep) and validates it. Any problem -- an unknown component, an
+unknown key (including ``+key=`` typos, which Hydra would silently add), a wrong type, impossible
+shapes, a missing data file -- prints one message naming the full key and exits with status 2 before a
+single folder is created. For single runs it also pins the run folder (``hydra.run.dir``): derived from
+the run's name and config, so that the same command with ``ckpt_path=last`` finds the run to resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from components.registry import FAMILIES, ConfigError, unknown_choice_message
+
+# flags that only print information: no pre-validation, Hydra handles them
+INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc", "--version"}
+MAX_VALIDATED_JOBS = 512
+EXIT_CONFIG_ERROR = 2
+
+
+def conf_dir() -> str:
+    return str(Path(__file__).resolve().parent.parent / "conf")
+
+
+# ------------------------------------------------------------------------------------------------
+# Composition with readable errors
+# ------------------------------------------------------------------------------------------------
+def _find_omegaconf_error(err: BaseException) -> Optional[OmegaConfBaseException]:
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OmegaConfBaseException):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def translate_compose_error(err: Exception) -> ConfigError:
+    from hydra.errors import MissingConfigException
+
+    if isinstance(err, MissingConfigException):
+        missing = err.missing_cfg_file or ""
+        group, _, option = missing.rpartition("/")
+        if group in FAMILIES:
+            return ConfigError(group, unknown_choice_message(FAMILIES[group].family, option, FAMILIES[group].names()))
+        if group:
+            options = sorted(o for o in (err.options or []) if not o.endswith("_schema"))
+            return ConfigError(group, unknown_choice_message(f"'{group}' option", option, options, listing="Available"))
+        return ConfigError("", str(err).strip().splitlines()[0])
+    inner = _find_omegaconf_error(err)
+    if inner is not None:
+        key = getattr(inner, "full_key", "") or ""
+        msg = str(getattr(inner, "msg", inner)).strip().splitlines()[0]
+        return ConfigError(key, msg)
+    text = str(err).strip()
+    return ConfigError("", text.splitlines()[0] if text else type(err).__name__)
+
+
+def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
+    """Compose the config (with its ``hydra`` node) as ``train.py`` would; raises ConfigError."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from components import register_all
+
+    register_all()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+            return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    except ConfigError:
+        raise
+    except Exception as err:  # Hydra wraps omegaconf errors in several exception types
+        raise translate_compose_error(err) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def strip_hydra(cfg: DictConfig) -> DictConfig:
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    return cfg
+
+
+def validate_overrides(overrides: list[str]) -> Any:
+    """Compose and validate one job; returns the typed RootConfig."""
+    from components.config import validate
+
+    return validate(strip_hydra(compose(overrides)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Sweeps: expand every job so that each is validated up front
+# ------------------------------------------------------------------------------------------------
+def expand_sweep(overrides: list[str], cfg_with_hydra: Optional[DictConfig] = None) -> list[list[str]]:
+    """Override lists of every job of a basic-sweeper multirun (grid over comma lists and ranges)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    extra: list[str] = []
+    if cfg_with_hydra is not None:
+        params = OmegaConf.select(cfg_with_hydra, "hydra.sweeper.params", default=None)
+        if params:
+            given = {parser.parse_override(o).key_or_group for o in overrides}
+            extra = [f"{k}={v}" for k, v in params.items() if k not in given]
+    try:
+        parsed = parser.parse_overrides(overrides + extra)
+    except Exception as err:
+        raise ConfigError("", str(err).strip().splitlines()[0]) from None
+    axes: list[list[str]] = []
+    for o in parsed:
+        if o.is_sweep_override():
+            if o.is_interval_sweep():
+                # continuous search spaces (Optuna) cannot be enumerated; check the interval's lower end
+                axes.append([f"{o.get_key_element()}={o.value().start}"])
+            else:
+                axes.append([f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()])
+        else:
+            axes.append([o.input_line])
+    jobs = [list(combo) for combo in itertools.product(*axes)]
+    return jobs[:MAX_VALIDATED_JOBS]
+
+
+# ------------------------------------------------------------------------------------------------
+# Run folder
+# ------------------------------------------------------------------------------------------------
+def config_fingerprint(root: Any) -> str:
+    from components.config import to_container
+
+    data = to_container(root)
+    data.pop("ckpt_path", None)
+    return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:6]
+
+
+def _has_checkpoint(folder: Path) -> bool:
+    return (folder / "checkpoints").is_dir() and any((folder / "checkpoints").glob("*.ckpt"))
+
+
+def resolve_run_dir(root: Any) -> Path:
+    """Where a single run writes. Fresh runs never reuse a folder that holds results."""
+    from components.training.loggers import default_run_name
+
+    base = Path(root.output_root) / (root.name or f"{default_run_name(root)}-{config_fingerprint(root)}")
+    siblings = [base] + [base.with_name(f"{base.name}-{i}") for i in range(2, 10_000)]
+    if root.ckpt_path == "last":
+        existing = [p for p in siblings[: _count_existing(siblings)] if _has_checkpoint(p)]
+        if existing:
+            return existing[-1].resolve()
+    elif root.ckpt_path is not None:
+        ckpt = Path(root.ckpt_path)
+        if not ckpt.is_file():
+            raise ConfigError("ckpt_path", f"checkpoint not found: {root.ckpt_path} (use a .ckpt file, 'last' or null)")
+        if ckpt.resolve().parent.name == "checkpoints":
+            return ckpt.resolve().parent.parent  # continue in the run folder the checkpoint belongs to
+    for folder in siblings:
+        if not folder.exists() or not any(folder.iterdir()):
+            return folder.resolve()
+    raise ConfigError("name", f"too many runs named {base.name}; choose another name=")
+
+
+def _count_existing(siblings: list[Path]) -> int:
+    n = 0
+    while n < len(siblings) and siblings[n].exists():
+        n += 1
+    return n
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry point
+# ------------------------------------------------------------------------------------------------
+def run(task: Callable[[DictConfig], Any], argv: Optional[list[str]] = None) -> Any:
+    """Validate, pin the run folder, then hand over to Hydra with ``task`` as the job function."""
+    import hydra
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not any(a.split("=")[0] in INFO_FLAGS for a in argv):
+        multirun = "-m" in argv or "--multirun" in argv
+        overrides = [a for a in argv if not a.startswith("-")]
+        try:
+            if multirun:
+                first = compose([o for o in overrides if "," not in o])
+                for job in expand_sweep(overrides, first):
+                    validate_overrides(job)
+            else:
+                root = validate_overrides(overrides)
+                if os.environ.get("K3_RUN_DIR"):
+                    run_dir = Path(os.environ["K3_RUN_DIR"])  # pinned by a launcher for every rank
+                else:
+                    run_dir = resolve_run_dir(root)
+                argv.append(f"hydra.run.dir={run_dir}")
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(EXIT_CONFIG_ERROR)
+
+    from components import register_all
+
+    register_all()
+    sys.argv = [sys.argv[0], *argv]
+    main = hydra.main(config_path=conf_dir(), config_name="config", version_base=None)(task)
+    return main()

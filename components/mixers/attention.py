@@ -1,0 +1,154 @@
+"""Softmax attention with ``n_kv_heads`` key/value heads: MHA (= n_heads), GQA (between), MQA (= 1).
+
+One implementation, three registry names so that ``mixer=mqa`` reads naturally; RoPE or NoPE; causal
+``F.scaled_dot_product_attention``; a K/V cache for incremental decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from components.nn.rope import apply_rope, rope_cos_sin
+from components.registry import MIXERS, ConfigError
+
+
+@dataclass
+class AttentionConfig:
+    name: str = "gqa"
+    n_heads: int = 8
+    # None: n_heads for mha, 1 for mqa; required for gqa
+    n_kv_heads: Optional[int] = None
+    # None: d_model // n_heads
+    head_dim: Optional[int] = None
+    rope: bool = True
+    rope_theta: float = 10000.0
+
+    def kv_heads(self) -> int:
+        if self.n_kv_heads is not None:
+            return self.n_kv_heads
+        return {"mha": self.n_heads, "mqa": 1}.get(self.name, self.n_heads)
+
+    def head_size(self, d_model: int) -> int:
+        return self.head_dim if self.head_dim is not None else d_model // self.n_heads
+
+    def validate(self, root: Any, key: str) -> None:
+        d_model = root.model.d_model
+        if self.n_heads <= 0:
+            raise ConfigError(f"{key}.n_heads", f"must be positive, got {self.n_heads}")
+        if self.head_dim is None and d_model % self.n_heads:
+            raise ConfigError(f"{key}.n_heads", f"model.d_model={d_model} is not divisible by {key}.n_heads={self.n_heads} (or set {key}.head_dim)")
+        head_dim = self.head_size(d_model)
+        if head_dim <= 0:
+            raise ConfigError(f"{key}.head_dim", f"must be positive, got {head_dim}")
+        if self.rope and head_dim % 2:
+            raise ConfigError(f"{key}.head_dim", f"RoPE needs an even head_dim, got {head_dim} (or set {key}.rope=false)")
+        kv = self.kv_heads()
+        if kv <= 0 or self.n_heads % kv:
+            raise ConfigError(f"{key}.n_kv_heads", f"{key}.n_heads={self.n_heads} is not divisible by {key}.n_kv_heads={kv}")
+        if self.name == "mha" and kv != self.n_heads:
+            raise ConfigError(f"{key}.n_kv_heads", f"mha uses n_kv_heads = n_heads = {self.n_heads}, got {kv}; use mixer=gqa for fewer K/V heads")
+        if self.name == "mqa" and kv != 1:
+            raise ConfigError(f"{key}.n_kv_heads", f"mqa uses one K/V head, got {kv}; use mixer=gqa for more")
+        if self.name == "gqa" and self.n_kv_heads is None:
+            raise ConfigError(f"{key}.n_kv_heads", "gqa needs n_kv_heads")
+        if self.rope_theta <= 0:
+            raise ConfigError(f"{key}.rope_theta", f"must be positive, got {self.rope_theta}")
+
+
+@dataclass
+class MHAConfig(AttentionConfig):
+    name: str = "mha"
+
+
+@dataclass
+class GQAConfig(AttentionConfig):
+    name: str = "gqa"
+    n_kv_heads: Optional[int] = 2
+
+
+@dataclass
+class MQAConfig(AttentionConfig):
+    name: str = "mqa"
+
+
+class KVCache:
+    """Keys and values of all processed tokens: ``[B, H_kv, S, head_dim]`` each."""
+
+    def __init__(self) -> None:
+        self.k: Optional[torch.Tensor] = None
+        self.v: Optional[torch.Tensor] = None
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention with grouped K/V heads (MHA / GQA / MQA)."""
+
+    def __init__(self, cfg: AttentionConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
+        super().__init__()
+        self.cfg = cfg
+        self.layer_idx = layer_idx
+        self.n_heads = cfg.n_heads
+        self.n_kv_heads = cfg.kv_heads()
+        self.head_dim = cfg.head_size(d_model)
+        self.q_proj = nn.Linear(d_model, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d_model, bias=False)
+        for lin in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.normal_(lin.weight, std=init_std)
+        nn.init.normal_(self.o_proj.weight, std=out_init_std or init_std)
+
+    def new_cache(self, batch_size: int) -> KVCache:
+        return KVCache()
+
+    def forward(self, x: torch.Tensor, state: Optional[KVCache] = None, offset: int = 0) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        if self.cfg.rope:
+            positions = torch.arange(offset, offset + T, device=x.device)
+            cos, sin = rope_cos_sin(positions, self.head_dim, self.cfg.rope_theta)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if state is not None:
+            k, v = state.append(k, v)  # [B, Hkv, S, D], S = past + T
+        S = k.shape[2]
+        if self.n_kv_heads != self.n_heads:
+            # enable_gqa is not implemented by every SDPA backend; repeating K/V is exact and cheap here
+            rep = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        if S == T:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif T == 1:
+            o = F.scaled_dot_product_attention(q, k, v)  # one new token sees every cached one
+        else:
+            # new tokens sit at positions S-T..S-1: token i sees keys 0..S-T+i
+            mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        o = o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # [B, T, H*D]
+        return self.o_proj(o)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        # scores and weighted sum: 2 * H * D multiply-adds per (query, key) pair; a causal query sees
+        # (seq_len + 1) / 2 keys on average
+        return 2.0 * 2 * self.n_heads * self.head_dim * (seq_len + 1) / 2
+
+    def cache_numbers_per_token(self) -> int:
+        return 2 * self.n_kv_heads * self.head_dim
+
+
+MIXERS.register("mha", MHAConfig)(Attention)
+MIXERS.register("gqa", GQAConfig)(Attention)
+MIXERS.register("mqa", MQAConfig)(Attention)
+
+__all__ = ["Attention", "AttentionConfig", "MHAConfig", "GQAConfig", "MQAConfig", "KVCache"]

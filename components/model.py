@@ -1,0 +1,97 @@
+"""The decoder: embedding -> layers (mixer + FFN, each pre-normed) -> residual scheme -> norm -> head.
+
+Which mixer and FFN each layer holds comes from the layer plan; how sublayer outputs are combined over
+depth is the residual scheme's business (plain sum, or attention over depth).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from components.cache import DecoderCache
+from components.layer_plan import LayerSpec, resolve_plan
+from components.nn.rmsnorm import RMSNorm
+from components.registry import FFNS, MIXERS, RESIDUALS
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: LayerSpec, d_model: int, norm_eps: float, init_std: float, out_init_std: float):
+        super().__init__()
+        self.index = spec.index
+        self.mixer_norm = RMSNorm(d_model, norm_eps)
+        self.mixer = MIXERS.build(spec.mixer, d_model, spec.index, init_std, out_init_std)
+        self.ffn_norm = RMSNorm(d_model, norm_eps)
+        self.ffn = FFNS.build(spec.ffn, d_model, spec.index, init_std, out_init_std)
+
+
+class Decoder(nn.Module):
+    """``model(input_ids [B, T]) -> logits [B, T, vocab]``; ``cache=`` for incremental decoding."""
+
+    def __init__(self, root: Any):
+        super().__init__()
+        m = root.model
+        self.config = root
+        self.d_model = m.d_model
+        self.vocab_size = m.vocab_size
+        self.plan = resolve_plan(root)
+        out_std = m.init_std / math.sqrt(2 * m.n_layers) if m.scale_residual_init else m.init_std
+        self.embed = nn.Embedding(m.vocab_size, m.d_model)
+        nn.init.normal_(self.embed.weight, std=m.init_std)
+        self.layers = nn.ModuleList(DecoderLayer(spec, m.d_model, m.norm_eps, m.init_std, out_std) for spec in self.plan)
+        self.residual = RESIDUALS.build(root.residual, m.d_model, m.n_layers, m.norm_eps)
+        self.norm = RMSNorm(m.d_model, m.norm_eps)
+        self.lm_head = nn.Linear(m.d_model, m.vocab_size, bias=False)
+        if m.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        else:
+            nn.init.normal_(self.lm_head.weight, std=m.init_std)
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(len(self.layers))
+
+    def hidden_states(self, input_ids: torch.Tensor, cache: Optional[DecoderCache] = None) -> torch.Tensor:
+        """Final-normed hidden states ``[B, T, d]``."""
+        B, T = input_ids.shape
+        offset = cache.seq_len if cache is not None else 0
+        state = self.residual.start(self.embed(input_ids))  # embedding: [B, T, d]
+        for layer in self.layers:
+            s = 2 * layer.index
+            mixer_state = cache.layer(layer.index, layer.mixer, B) if cache is not None else None
+            h = self.residual.read(state, s)
+            state = self.residual.write(state, s, layer.mixer(layer.mixer_norm(h), state=mixer_state, offset=offset))
+            h = self.residual.read(state, s + 1)
+            state = self.residual.write(state, s + 1, layer.ffn(layer.ffn_norm(h)))
+        if cache is not None:
+            cache.seq_len += T
+        return self.norm(self.residual.finish(state))
+
+    def forward(self, input_ids: torch.Tensor, cache: Optional[DecoderCache] = None) -> torch.Tensor:
+        return self.lm_head(self.hidden_states(input_ids, cache))
+
+    # -- accounting -------------------------------------------------------------------------------
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # tied weights are counted once
+        if exclude_embedding:
+            n -= self.embed.weight.numel()
+        return n
+
+    def active_params(self) -> int:
+        """Weights one token multiplies by in matrix products (embedding lookup excluded, head included)."""
+        total = sum(p.numel() for p in self.parameters()) - self.embed.weight.numel()
+        if self.lm_head.weight is self.embed.weight:
+            total += self.lm_head.weight.numel()
+        for layer in self.layers:
+            active = getattr(layer.ffn, "active_params", None)
+            if active is not None:
+                total -= sum(p.numel() for p in layer.ffn.parameters()) - active()
+        return total
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward = 3 x forward) at a given sequence length."""
+        forward = 2.0 * self.active_params()
+        forward += sum(layer.mixer.flops_per_token(seq_len) for layer in self.layers)
+        return 3.0 * forward

@@ -1,0 +1,1 @@
+"""Small building blocks shared by several components (norms, rotary embeddings)."""

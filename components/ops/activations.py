@@ -1,0 +1,131 @@
+"""GLU-family activations (spec §5): z = f(gate) * g(up), elementwise.
+
+All functions take `gate`, `up` of the same shape ([..., m], the two halves of
+`cat([w1 x, w3 x], -1)`, gate first) and return z of that shape in the input
+dtype. The math runs in fp32 (fp64 inputs stay fp64) and is cast back once,
+matching the reference `SituAndMul`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from types import ModuleType
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+GluFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+SITU_BETA = 4.0  # beta_1: cap on the gate branch (|SiTU(a)| < 4)
+SITU_LINEAR_BETA = 25.0  # beta_2: cap on the up branch (|z| < 4 * 25 = 100)
+
+
+def _upcast(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
+    if gate.shape != up.shape:
+        raise ValueError(f"gate and up must have the same shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
+    out_dtype = torch.promote_types(gate.dtype, up.dtype)
+    if not out_dtype.is_floating_point:
+        out_dtype = torch.get_default_dtype()
+    # at least fp32 (reference semantics); fp64 is kept for gradcheck-grade accuracy
+    compute_dtype = torch.promote_types(out_dtype, torch.float32)
+    return gate.to(compute_dtype), up.to(compute_dtype), out_dtype
+
+
+def glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """z = sigmoid(gate) * up."""
+    a, b, out_dtype = _upcast(gate, up)
+    return (torch.sigmoid(a) * b).to(out_dtype)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """z = silu(gate) * up = gate * sigmoid(gate) * up."""
+    a, b, out_dtype = _upcast(gate, up)
+    return (F.silu(a) * b).to(out_dtype)
+
+
+def _resolve_betas(beta: float | None, linear_beta: float | None) -> tuple[float, float | None]:
+    # reference semantics: `beta or 1.0`, so None and 0 both mean 1.0
+    beta = float(beta) if beta else 1.0
+    if beta < 0:
+        raise ValueError(f"beta must be positive (or None/0 for 1.0), got {beta}")
+    if linear_beta is not None:
+        linear_beta = float(linear_beta)
+        if linear_beta <= 0:
+            raise ValueError(f"linear_beta must be positive or None (uncapped), got {linear_beta}")
+    return beta, linear_beta
+
+
+def situ_glu_reference(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    beta: float | None = SITU_BETA,
+    linear_beta: float | None = SITU_LINEAR_BETA,
+) -> torch.Tensor:
+    """Pure PyTorch SiTU-GLU: z = [beta tanh(a/beta) sigmoid(a)] * [linear_beta tanh(b/linear_beta)].
+
+    beta None/0 -> 1.0; linear_beta None -> up branch uncapped.
+    """
+    beta, linear_beta = _resolve_betas(beta, linear_beta)
+    a, b, out_dtype = _upcast(gate, up)
+    act = beta * torch.tanh(a / beta) * torch.sigmoid(a)  # SiTU(a), |.| < beta
+    if linear_beta is not None:
+        b = linear_beta * torch.tanh(b / linear_beta)  # softcap, |.| < linear_beta
+    return (act * b).to(out_dtype)
+
+
+def _triton_module() -> ModuleType:
+    # imported on first use: CPU-only callers never load triton, and the kernels'
+    # interpreter mode (TRITON_INTERPRET) is read when this module is first imported
+    from components.ops.triton import situ_glu as mod
+
+    return mod
+
+
+def _triton_eligible(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    if not (gate.is_cuda and up.device == gate.device and gate.shape == up.shape and gate.dtype == up.dtype):
+        return False
+    mod = _triton_module()
+    # fp64 stays on the reference so it keeps fp64 accuracy
+    return mod.HAS_TRITON and gate.dtype in mod.SUPPORTED_DTYPES
+
+
+def situ_glu(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    beta: float | None = SITU_BETA,
+    linear_beta: float | None = SITU_LINEAR_BETA,
+    use_triton: bool | None = None,
+) -> torch.Tensor:
+    """SiTU-GLU with backend dispatch.
+
+    use_triton: None = fused Triton kernel for CUDA tensors when triton is
+    importable, PyTorch reference otherwise; True = force the kernel (e.g. on
+    CPU under TRITON_INTERPRET=1; raises if triton is missing); False = reference.
+    """
+    if use_triton is None:
+        use_triton = _triton_eligible(gate, up)
+    if not use_triton:
+        return situ_glu_reference(gate, up, beta, linear_beta)
+    beta, linear_beta = _resolve_betas(beta, linear_beta)
+    return _triton_module().situ_glu_triton(gate, up, beta, linear_beta)
+
+
+GLU_ACTIVATIONS: dict[str, GluFn] = {
+    "glu": glu,
+    "swiglu": swiglu,
+    "situ_glu": situ_glu,
+}
+
+
+def glu_activation(name: str, **kwargs) -> GluFn:
+    """Look up a GLU activation by name, binding keyword arguments (e.g. beta for situ_glu)."""
+    try:
+        fn = GLU_ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown GLU activation {name!r}; allowed: {sorted(GLU_ACTIVATIONS)}") from None
+    if not kwargs:
+        return fn
+    inspect.signature(fn).bind_partial(None, None, **kwargs)  # TypeError now, not at the first call
+    return functools.partial(fn, **kwargs)

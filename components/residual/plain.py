@@ -1,0 +1,40 @@
+"""Plain pre-norm residual stream: ``x <- x + sublayer(norm(x))``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from components.registry import RESIDUALS
+
+
+@dataclass
+class PlainResidualConfig:
+    name: str = "plain"
+
+
+@RESIDUALS.register("plain", PlainResidualConfig)
+class PlainResidual(nn.Module):
+    """Pre-norm residual: every sublayer adds its output to one running sum."""
+
+    def __init__(self, cfg: PlainResidualConfig, d_model: int, n_layers: int, norm_eps: float = 1e-5):
+        super().__init__()
+        self.cfg = cfg
+
+    def start(self, x0: torch.Tensor) -> torch.Tensor:
+        return x0
+
+    def read(self, state: torch.Tensor, sublayer: int) -> torch.Tensor:
+        return state
+
+    def write(self, state: torch.Tensor, sublayer: int, out: torch.Tensor) -> torch.Tensor:
+        return state + out
+
+    def finish(self, state: torch.Tensor) -> torch.Tensor:
+        return state
+
+    def sources_per_read(self) -> Any:
+        return None

@@ -1,0 +1,1 @@
+"""Lightning glue: data module, training module, callbacks, loggers, checkpoint I/O."""

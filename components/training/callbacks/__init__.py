@@ -1,0 +1,1 @@
+"""Training callbacks, one per file."""

@@ -1,0 +1,84 @@
+"""Tokens per second and model FLOPs utilisation (MFU), logged every optimizer step."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import lightning as L
+import torch
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of a large square matmul on ``device``: the ceiling MFU is measured against."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+# dense bf16 tensor-core peaks of common accelerators (FLOP/s)
+KNOWN_PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "4090": 165e12}
+
+
+def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, value in KNOWN_PEAKS.items():
+            if key in name:
+                return value, f"{name} datasheet"
+    dtype = torch.bfloat16 if "bf16" in precision else torch.float32
+    return measure_peak_flops(device, dtype), f"measured {str(dtype).replace('torch.', '')} matmul"
+
+
+class Throughput(L.Callback):
+    """Logs ``perf/tokens_per_s`` and ``perf/mfu`` per optimizer step (all ranks' tokens together)."""
+
+    def __init__(self, flops_per_token: float, tokens_per_micro_batch: int, peak: Optional[float] = None):
+        self.flops_per_token = flops_per_token
+        self.tokens_per_micro_batch = tokens_per_micro_batch
+        self.peak = peak
+        self.peak_source = ""
+        self._last: Optional[float] = None
+        self._tokens = 0
+        self.total_tokens = 0
+        self.train_seconds = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.peak is None:
+            self.peak, self.peak_source = peak_flops(pl_module.device, str(trainer.precision))
+        self._last = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._tokens += self.tokens_per_micro_batch
+        if trainer.fit_loop._should_accumulate():
+            return
+        now = time.perf_counter()
+        elapsed = now - (self._last or now)
+        self._last = now
+        self.total_tokens += self._tokens
+        self.train_seconds += elapsed
+        if elapsed > 0:
+            tps = self._tokens / elapsed
+            pl_module.log("perf/tokens_per_s", tps, on_step=True, on_epoch=False, prog_bar=True)
+            if self.peak:
+                pl_module.log("perf/mfu", tps * self.flops_per_token / (self.peak * trainer.world_size), on_step=True, on_epoch=False)
+        pl_module.log("perf/tokens", float(self.total_tokens), on_step=True, on_epoch=False)
+        self._tokens = 0
+
+    # validation time is not training time
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._paused_at = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._last is not None and getattr(self, "_paused_at", None) is not None:
+            self._last += time.perf_counter() - self._paused_at
+        self._paused_at = None

@@ -1,0 +1,123 @@
+"""LightningModule: next-token loss, AdamW with warmup + cosine decay, validation metrics."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from components.config import RootConfig
+from components.data.base import IGNORE_INDEX, TokenDataset
+from components.model import Decoder
+from components.registry import BALANCERS
+
+
+def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak learning rate at ``step``: linear warmup, then the chosen decay."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        return 1.0 - (1.0 - min_ratio) * progress
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Decay matrices (2-D and up); never norms gains, biases, embeddings' position-free vectors."""
+    decay, no_decay, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.ndim >= 2 and not getattr(p, "_no_weight_decay", False) else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class LanguageModelModule(L.LightningModule):
+    def __init__(self, cfg: RootConfig, dataset: TokenDataset):
+        super().__init__()
+        self.cfg = cfg
+        self.dataset = dataset
+        self.model = Decoder(cfg)
+        self.balancer = BALANCERS.build(cfg.balancer)
+        self._val_sums: dict[str, torch.Tensor] = {}
+        self.last_val_metrics: dict[str, float] = {}
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids)
+
+    def _token_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # cross-entropy in fp32 whatever the activation dtype
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none").view_as(targets)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self.model(x)
+        mask = y != IGNORE_INDEX
+        loss = (self._token_loss(logits, y) * mask).sum() / mask.sum().clamp(min=1)
+        total = loss
+        aux = self.balancer.aux_loss(self.model)
+        if aux is not None:
+            total = total + aux
+            self.log("train/aux_loss", aux.detach(), on_step=True, on_epoch=False)
+        self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
+        return total
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # norm before clipping (Lightning clips right after this hook)
+        norms = [p.grad.detach().float().norm() for p in self.parameters() if p.grad is not None]
+        if norms:
+            self.log("train/grad_norm", torch.stack(norms).norm(), on_step=True, on_epoch=False)
+        self.log("train/lr", optimizer.param_groups[0]["lr"], on_step=True, on_epoch=False)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.trainer.fit_loop._should_accumulate():
+            return
+        metrics = self.balancer.step(self.model)
+        for k, v in metrics.items():
+            self.log(f"balance/{k}", v, on_step=True, on_epoch=False)
+
+    # -- validation -----------------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = {}
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        logits = self.model(x)
+        token_loss = self._token_loss(logits, y)
+        for k, v in self.dataset.metric_sums(logits, y, token_loss).items():
+            v = v.detach().double()
+            self._val_sums[k] = self._val_sums[k] + v if k in self._val_sums else v
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_sums:
+            return
+        keys = sorted(self._val_sums)
+        stacked = torch.stack([self._val_sums[k] for k in keys])
+        stacked = self.trainer.strategy.reduce(stacked, reduce_op="sum")
+        metrics = self.dataset.finish_metrics({k: float(v) for k, v in zip(keys, stacked)})
+        self.last_val_metrics = {k: float(v) for k, v in metrics.items()}
+        for k, v in self.last_val_metrics.items():
+            self.log(f"val/{k}", v, on_step=False, on_epoch=True, prog_bar=k in ("loss", self.dataset.metric), sync_dist=False, rank_zero_only=True)
+
+    # -- optimisation ---------------------------------------------------------------------------
+    def configure_optimizers(self) -> Any:
+        o = self.cfg.optimizer
+        fused = None
+        optimizer = torch.optim.AdamW(
+            param_groups(self.model, o.weight_decay), lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused
+        )
+        total = self.cfg.trainer.max_steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_lambda(step, o.warmup_steps, total, o.schedule, o.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: Optional[str] = None) -> None:
+        if gradient_clip_val:
+            self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm="norm")

@@ -1,0 +1,83 @@
+"""W&B + local JSONL loggers for a run; names, groups and tags derived from the chosen components."""
+
+from __future__ import annotations
+
+import netrc
+import os
+from typing import Any
+
+from components.layer_plan import resolve_plan
+
+
+def component_tags(root: Any) -> list[str]:
+    """``mixer:gqa``, ``ffn:dense``, ``act:situ_glu``, ``residual:plain``, ... for every distinct choice."""
+    plan = resolve_plan(root)
+    mixers = sorted({spec.mixer.name for spec in plan})
+    ffns = sorted({spec.ffn.name for spec in plan})
+    acts = sorted({spec.ffn.activation for spec in plan if hasattr(spec.ffn, "activation")})
+    tags = [f"mixer:{m}" for m in mixers] + [f"ffn:{f}" for f in ffns] + [f"act:{a}" for a in acts]
+    tags += [f"residual:{root.residual.name}", f"balancer:{root.balancer.name}", f"data:{root.data.name}"]
+    return tags
+
+
+def default_run_name(root: Any) -> str:
+    plan = resolve_plan(root)
+    mixers = "+".join(sorted({s.mixer.name for s in plan}))
+    ffns = "+".join(sorted({s.ffn.name for s in plan}))
+    return f"{root.data.name}-{mixers}-{ffns}-{root.residual.name}-d{root.model.d_model}x{root.model.n_layers}"
+
+
+def wandb_credentials_present() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        auth = netrc.netrc().authenticators("api.wandb.ai")
+        return auth is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def wandb_mode(requested: str) -> str:
+    """online / offline / disabled: an explicit WANDB_MODE wins, then the config, then credentials."""
+    env = os.environ.get("WANDB_MODE")
+    if env in ("online", "offline", "disabled", "dryrun"):
+        return "offline" if env == "dryrun" else env
+    if requested != "auto":
+        return requested
+    return "online" if wandb_credentials_present() else "offline"
+
+
+def build_loggers(root: Any, run_dir: str, run_name: str, config_dict: dict, resume_id: str | None) -> tuple[list, Any]:
+    """Loggers for the trainer and the W&B logger (or None)."""
+    from components.training.jsonl_logger import JSONLLogger
+
+    loggers: list = [JSONLLogger(run_dir, name=run_name)]
+    wandb_logger = None
+    lc = root.logger
+    mode = wandb_mode(lc.mode)
+    if lc.name == "wandb" and mode != "disabled":
+        from lightning.pytorch.loggers import WandbLogger
+
+        tags = list(dict.fromkeys(component_tags(root) + list(lc.tags)))
+        wandb_logger = WandbLogger(
+            name=run_name,
+            project=lc.project,
+            entity=lc.entity,
+            group=lc.group,
+            tags=tags,
+            save_dir=run_dir,
+            offline=mode == "offline",
+            id=resume_id,
+            resume="allow" if resume_id else None,
+            config=config_dict,
+            settings=_wandb_settings(),
+        )
+        loggers.append(wandb_logger)
+    return loggers, wandb_logger
+
+
+def _wandb_settings() -> Any:
+    import wandb
+
+    # no code saving or console capture: runs stay small and never block on the network
+    return wandb.Settings(save_code=False, console="off", silent=True)

@@ -1,0 +1,210 @@
+"""One training run: validated config -> data, model, trainer -> fit -> summary.
+
+Called by ``train.py`` inside Hydra's job (the run folder already exists and is this job's working
+output folder). Everything the run writes goes under that folder:
+
+    checkpoints/last.ckpt, checkpoints/step=N.ckpt   resumable state (atomic writes)
+    metrics.jsonl                                    every logged metric
+    wandb/                                           the W&B run (offline unless credentials exist)
+    run.json                                         W&B run id and status, for resuming the same run
+    summary.json                                     final metrics and baselines
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import time
+from typing import Any, Optional
+
+import torch
+
+from components.config import RootConfig, to_container
+from components.layer_plan import describe_plan
+from components.registry import DATASETS
+from components.training.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def checkpoint_candidates(run_dir: str) -> list[str]:
+    """``last.ckpt`` first, then periodic checkpoints from the newest step down."""
+    folder = os.path.join(run_dir, "checkpoints")
+    periodic = glob.glob(os.path.join(folder, "step=*.ckpt"))
+
+    def step_of(path: str) -> int:
+        m = re.search(r"step=(\d+)", os.path.basename(path))
+        return int(m.group(1)) if m else -1
+
+    ordered = sorted(periodic, key=step_of, reverse=True)
+    last = os.path.join(folder, "last.ckpt")
+    return ([last] if os.path.exists(last) else []) + ordered
+
+
+def resolve_resume(ckpt_path: Optional[str], run_dir: str, log: Any = print) -> Optional[str]:
+    """The checkpoint file to resume from, skipping unreadable ones (each refusal is reported)."""
+    if ckpt_path is None:
+        return None
+    candidates = checkpoint_candidates(run_dir) if ckpt_path == "last" else [ckpt_path]
+    if ckpt_path == "last" and not candidates:
+        log(f"ckpt_path=last: no checkpoint in {run_dir}/checkpoints yet; starting from scratch")
+        return None
+    for path in candidates:
+        try:
+            load_checkpoint_file(path)
+            return path
+        except (CorruptCheckpointError, FileNotFoundError) as err:
+            if ckpt_path != "last":
+                raise
+            log(f"refusing {err}; trying an older checkpoint")
+    raise CorruptCheckpointError(f"no readable checkpoint in {run_dir}/checkpoints (all {len(candidates)} refused)")
+
+
+def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list) -> Any:
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from components.training.checkpoint_io import AtomicCheckpointIO
+
+    t = root.trainer
+    checkpoint = ModelCheckpoint(
+        dirpath=os.path.join(run_dir, "checkpoints"),
+        filename="step={step}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=t.checkpoint_every_n_steps,
+        save_last=True,
+        save_top_k=-1,
+        save_on_train_epoch_end=False,
+    )
+    max_time = {"minutes": t.max_time_minutes} if t.max_time_minutes else None
+    return L.Trainer(
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
+        strategy=t.strategy,
+        precision=t.precision,
+        max_steps=t.max_steps,
+        max_epochs=-1,
+        max_time=max_time,
+        accumulate_grad_batches=t.accumulate_grad_batches,
+        gradient_clip_val=t.gradient_clip_val,
+        val_check_interval=t.val_check_interval * t.accumulate_grad_batches,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        log_every_n_steps=t.log_every_n_steps,
+        enable_progress_bar=t.enable_progress_bar,
+        enable_model_summary=False,
+        deterministic=t.deterministic,
+        callbacks=[checkpoint, *callbacks],
+        logger=loggers,
+        plugins=[AtomicCheckpointIO()],
+        default_root_dir=run_dir,
+        use_distributed_sampler=False,
+    )
+
+
+def train(root: RootConfig, run_dir: str) -> dict[str, Any]:
+    """Train one configuration in ``run_dir``; returns the summary (also written to summary.json)."""
+    import lightning as L
+    import wandb
+
+    from components.training.callbacks.throughput import Throughput
+    from components.training.datamodule import TokenDataModule
+    from components.training.lit_module import LanguageModelModule
+    from components.training.loggers import build_loggers, default_run_name
+
+    os.makedirs(run_dir, exist_ok=True)
+    L.seed_everything(root.seed, workers=True, verbose=False)
+    ckpt = resolve_resume(root.ckpt_path, run_dir)
+
+    dataset = DATASETS.build(root.data, root.seed)
+    module = LanguageModelModule(root, dataset)
+    model = module.model
+    data = TokenDataModule(dataset, root.trainer.accumulate_grad_batches, root.trainer.limit_val_batches)
+    seq_len = dataset.seq_len
+    throughput = Throughput(model.flops_per_token(seq_len), dataset.batch_size * seq_len)
+
+    run_name = root.name or default_run_name(root)
+    run_info = _read_json(os.path.join(run_dir, "run.json"))
+    resume_id = run_info.get("wandb_id") if ckpt is not None else None
+    config_dict = to_container(root)
+    loggers, wandb_logger = build_loggers(root, run_dir, run_name, config_dict, resume_id)
+    trainer = build_trainer(root, run_dir, [throughput], loggers)
+
+    if trainer.is_global_zero:
+        print(f"run folder: {run_dir}")
+        print(f"data: {dataset.describe()}")
+        print(f"model: {model.num_params():,} parameters ({model.active_params():,} active per token), layers: {describe_plan(model.plan)}")
+        if ckpt:
+            print(f"resuming from {ckpt}")
+    if wandb_logger is not None and trainer.is_global_zero:
+        run_info["wandb_id"] = wandb_logger.experiment.id
+        run_info["wandb_dir"] = wandb_logger.experiment.dir
+    run_info.update(status="running", name=run_name)
+    if trainer.is_global_zero:
+        _write_json(os.path.join(run_dir, "run.json"), run_info)
+
+    started = time.perf_counter()
+    status = "failed"
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt)
+        final = trainer.validate(module, datamodule=data, verbose=False)
+        status = "finished"
+    finally:
+        if trainer.is_global_zero:
+            run_info["status"] = status
+            _write_json(os.path.join(run_dir, "run.json"), run_info)
+        if wandb_logger is not None:
+            wandb.finish(exit_code=0 if status == "finished" else 1)
+
+    summary: dict[str, Any] = {
+        "name": run_name,
+        "run_dir": run_dir,
+        "steps": trainer.global_step,
+        "train_tokens": throughput.total_tokens,
+        "train_seconds": round(throughput.train_seconds, 2),
+        "tokens_per_s": throughput.total_tokens / max(throughput.train_seconds, 1e-9),
+        "wall_seconds": round(time.perf_counter() - started, 2),
+        "params": model.num_params(),
+        "active_params": model.active_params(),
+        "val": dict(module.last_val_metrics),
+        "baselines": dataset.baselines(),
+    }
+    if trainer.is_global_zero:
+        _write_json(os.path.join(run_dir, "summary.json"), summary)
+        print(format_summary(summary, dataset.metric))
+    del final
+    return summary
+
+
+def format_summary(s: dict[str, Any], metric: str) -> str:
+    val = s["val"]
+    lines = [
+        "",
+        f"== {s['name']} ==",
+        f"steps {s['steps']}, {s['train_tokens'] / 1e6:.2f}M tokens in {s['train_seconds'] / 60:.1f} min of training ({s['tokens_per_s']:,.0f} tokens/s)",
+        f"validation loss {val.get('loss', float('nan')):.4f}" + (f", {metric} {val[metric]:.4f}" if metric in val and metric != "loss" else ""),
+    ]
+    if s["baselines"]:
+        base = ", ".join(f"{k} {v:.4f}" for k, v in s["baselines"].items())
+        lines.append(f"baselines on the same validation bytes (bits per byte): {base}")
+        if metric == "bpb" and "bpb" in val:
+            beaten = [k for k, v in s["baselines"].items() if val["bpb"] < v]
+            lines.append(f"model {val['bpb']:.4f} bpb beats: {', '.join(beaten) if beaten else 'none'}")
+    lines.append(f"run folder: {s['run_dir']}")
+    return "\n".join(lines)
