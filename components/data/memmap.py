@@ -39,8 +39,13 @@ class MemmapConfig:
             path = getattr(self, field_name)
             if path is not None:
                 check_token_file(path, self.dtype, f"{key}.{field_name}", self.seq_len)
-        if self.val_path is None and not 0 < self.val_fraction < 1:
-            raise ConfigError(f"{key}.val_fraction", f"must be in (0, 1), got {self.val_fraction}")
+        if self.val_path is None:
+            if not 0 < self.val_fraction < 1:
+                raise ConfigError(f"{key}.val_fraction", f"must be in (0, 1), got {self.val_fraction}")
+            n = os.path.getsize(self.path) // np.dtype(DTYPES[self.dtype]).itemsize
+            n_val = n - int(n * (1 - self.val_fraction))
+            if min(n_val, n - n_val) <= self.seq_len + 1:
+                raise ConfigError(f"{key}.val_fraction", f"{self.path} holds {n} tokens: splitting off {self.val_fraction} for validation leaves a split shorter than seq_len + 2 = {self.seq_len + 2} (set {key}.val_path or a smaller seq_len)")
         if self.seq_len < 2 or self.batch_size < 1:
             raise ConfigError(f"{key}.seq_len", f"seq_len must be >= 2 and batch_size >= 1, got {self.seq_len}, {self.batch_size}")
         if self.vocab_size < 2:

@@ -1,0 +1,90 @@
+"""Shared balancer plumbing: find routers, all-reduce their statistics, MaxVio (spec 6.1).
+
+Every balancer's ``step`` reads the loads each router accumulated over the micro-batches of the step,
+sums them over data-parallel ranks (one all-reduce for all layers), logs MaxVio, and resets the routers.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from components.ffn.router import Router
+
+
+def find_routers(model: nn.Module) -> list[Router]:
+    """Every routed layer's router, in module order."""
+    return [m for m in model.modules() if isinstance(m, Router)]
+
+
+def router_labels(routers: list[Router]) -> list[str]:
+    """``layer_<layer_idx>``; ``router_<position>`` when layer indices are not unique."""
+    labels = [f"layer_{r.layer_idx}" for r in routers]
+    return labels if len(set(labels)) == len(labels) else [f"router_{i}" for i in range(len(routers))]
+
+
+def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``t`` in place over data-parallel ranks (no-op on one process)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def reduced_loads(routers: list[Router]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step loads ``[L, E]`` and token counts ``[L]`` (float64), summed over ranks.
+
+    A router that saw no tokens this step contributes zeros.
+    """
+    device = routers[0].e_score_correction_bias.device
+    E = max(r.num_experts for r in routers)
+    packed = torch.zeros(len(routers), E + 1, dtype=torch.float64, device=device)  # [L, E | tokens]
+    for i, r in enumerate(routers):
+        if r.load is not None:
+            packed[i, : r.num_experts] = r.load.to(device=device, dtype=torch.float64)
+        packed[i, E] = r.tokens
+    all_reduce_sum_(packed)
+    return packed[:, :E], packed[:, E]
+
+
+def maxvio(load: torch.Tensor) -> torch.Tensor:
+    """``(max_j l_j - q) / q`` with ``q = mean_j l_j`` (= M k / N): relative overload of the busiest expert."""
+    q = load.double().mean(-1)
+    return (load.double().amax(-1) - q) / q
+
+
+def maxvio_metrics(routers: list[Router], loads: torch.Tensor, tokens: torch.Tensor) -> dict[str, float]:
+    """``maxvio/layer_<i>`` per routed layer plus ``maxvio/mean`` and ``maxvio/max`` over layers."""
+    metrics: dict[str, float] = {}
+    values = []
+    for i, (r, label) in enumerate(zip(routers, router_labels(routers))):
+        if tokens[i] <= 0:
+            continue
+        v = float(maxvio(loads[i, : r.num_experts]))
+        metrics[f"maxvio/{label}"] = v
+        values.append(v)
+    if values:
+        metrics["maxvio/mean"] = sum(values) / len(values)
+        metrics["maxvio/max"] = max(values)
+    return metrics
+
+
+def finish_step(model: nn.Module, routers: Optional[list[Router]] = None) -> dict[str, float]:
+    """MaxVio of the step, then reset every router's statistics (for balancers without a bias update)."""
+    routers = find_routers(model) if routers is None else routers
+    if not routers:
+        return {}
+    loads, tokens = reduced_loads(routers)
+    metrics = maxvio_metrics(routers, loads, tokens)
+    for r in routers:
+        r.reset_stats()
+    return metrics

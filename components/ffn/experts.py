@@ -1,0 +1,209 @@
+"""Routed GLU experts stored as 3-D tensors, with loop-free grouped dispatch (spec 4.2).
+
+Weights (``nn.Linear`` convention, ``y = x W^T``), for E experts of input width ``d_in`` and hidden width m:
+
+* ``w1 [E, m, d_in]`` gate, ``w3 [E, m, d_in]`` up, ``w2 [E, d_in, m]`` down;
+  expert e computes ``w2[e] @ act(w1[e] z, w3[e] z)``.
+
+A K3 per-expert state dict maps one to one: ``experts.{i}.w1.weight`` <-> ``experts.w1[i]`` (same for
+``w2``, ``w3``); see ``per_expert_state_dict`` / ``load_per_expert_state_dict``. (Kimi Linear's
+``gate_up_proj [E, 2m, d]`` is ``cat([w1, w3], 1)``.)
+
+Dispatch: sort the N*k (token, expert) pairs by expert (stable, so each expert sees its tokens in token
+order), gather the tokens, run the three matmuls as grouped GEMMs over the contiguous per-expert blocks,
+weight each pair's output by its router weight in fp32, and un-sort into ``[N, k, d]`` to sum over the k
+choices (an index write with unique positions: deterministic, no atomics). Backends:
+
+* ``grouped_mm``: ``torch.nn.functional.grouped_mm`` (2-D tokens x 3-D weights with int32 offsets). In
+  torch 2.13 it runs on CPU for fp32/bf16/fp16 (not fp64) when every row stride is a multiple of 16 bytes
+  (d_in and m multiples of 4 in fp32, of 8 in bf16); on CUDA ``auto`` only picks it for bf16 (the only
+  dtype its meta/CUDA checks accept), fewer than 1024 experts.
+* ``padded_bmm``: scatter the sorted tokens into ``[E, C, d_in]`` (C = the largest expert load, or the
+  capacity), ``bmm``, gather back; any dtype, wasted work on padding.
+* ``loop``: ``experts_reference`` (a Python loop over experts; slow, the test oracle).
+
+``capacity_factor`` (None = dropless): each expert keeps at most ``ceil(capacity_factor * N * k / E)``
+pairs, the first ones in token order; a dropped pair contributes nothing (the token keeps its other
+experts' weighted outputs, weights are not renormalised).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DISPATCH_BACKENDS = ("auto", "grouped_mm", "padded_bmm", "loop")
+_GROUPED_MM_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_GROUPED_MM_MAX_GROUPS = 1024  # the CUDA bf16 kernel needs fewer groups than this
+
+
+def capacity(num_tokens: int, top_k: int, num_experts: int, capacity_factor: Optional[float]) -> Optional[int]:
+    """Per-expert slot count, or None when dropless."""
+    if capacity_factor is None:
+        return None
+    return max(1, math.ceil(capacity_factor * num_tokens * top_k / num_experts))
+
+
+def grouped_mm_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``grouped_mm(x [R, K], w [E, K, N])`` (w a transposed view of [E, N, K]) runs as is."""
+    if not hasattr(F, "grouped_mm") or x.dtype != w.dtype or x.device != w.device:
+        return False
+    if x.device.type == "cpu":
+        ok_dtype = x.dtype in _GROUPED_MM_CPU_DTYPES
+    elif x.device.type == "cuda":
+        ok_dtype = x.dtype == torch.bfloat16 and w.shape[0] < _GROUPED_MM_MAX_GROUPS and torch.cuda.get_device_capability(x.device) >= (8, 0)
+    else:
+        return False
+    align = 16 // x.element_size()
+    return ok_dtype and x.shape[-1] % align == 0 and w.shape[-1] % align == 0
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient dense (grouped_mm's backward refuses the
+    stride-0 gradients that e.g. ``out.sum().backward()`` produces)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.contiguous()
+
+
+def _gmm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``[R, K] x [E, N, K] -> [R, N]``: rows offs[e-1]:offs[e] use w[e]."""
+    return _ContiguousGrad.apply(F.grouped_mm(x, w.transpose(-2, -1), offs=offs))
+
+
+def experts_reference(
+    x: torch.Tensor,
+    indices: torch.Tensor,
+    weights: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+    act: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    capacity_factor: Optional[float] = None,
+) -> torch.Tensor:
+    """Loop over experts (K3 ``moe_infer`` style). x [N, d], indices/weights [N, k] -> [N, d]."""
+    N, k = indices.shape
+    E = w1.shape[0]
+    cap = capacity(N, k, E, capacity_factor)
+    acc = torch.promote_types(x.dtype, torch.float32)  # fp32 combine (fp64 stays fp64)
+    out = torch.zeros(N, x.shape[-1], dtype=acc, device=x.device)
+    for e in range(E):
+        tok, slot = torch.nonzero(indices == e, as_tuple=True)  # row-major: token order
+        if cap is not None:
+            tok, slot = tok[:cap], slot[:cap]
+        if tok.numel() == 0:
+            continue
+        xe = x[tok]  # [n_e, d]
+        ye = F.linear(act(F.linear(xe, w1[e]), F.linear(xe, w3[e])), w2[e])  # [n_e, d]
+        out = out.index_add(0, tok, ye.to(acc) * weights[tok, slot].to(acc)[:, None])
+    return out.to(x.dtype)
+
+
+class RoutedExperts(nn.Module):
+    """``experts(z [N, d_in], indices [N, k], weights [N, k]) -> [N, d_in]``."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        d_in: int,
+        hidden_dim: int,
+        act: Any,
+        init_std: float = 0.02,
+        out_init_std: Optional[float] = None,
+        capacity_factor: Optional[float] = None,
+        dispatch: str = "auto",
+    ):
+        super().__init__()
+        if dispatch not in DISPATCH_BACKENDS:
+            raise ValueError(f"dispatch must be one of {DISPATCH_BACKENDS}, got {dispatch!r}")
+        self.num_experts = num_experts
+        self.d_in = d_in
+        self.hidden_dim = hidden_dim
+        self.act = act
+        self.capacity_factor = capacity_factor
+        self.dispatch = dispatch
+        self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, d_in))  # gate
+        self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, d_in))  # up
+        self.w2 = nn.Parameter(torch.empty(num_experts, d_in, hidden_dim))  # down
+        nn.init.normal_(self.w1, std=init_std)
+        nn.init.normal_(self.w3, std=init_std)
+        nn.init.normal_(self.w2, std=out_init_std or init_std)
+
+    def expert_params(self) -> int:
+        """Weights of one expert."""
+        return 3 * self.d_in * self.hidden_dim
+
+    # -- K3 per-expert state dict interop --------------------------------------------------------------
+    def per_expert_state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        """``{prefix}{i}.w1.weight`` etc. (views of ``w1[i]``): the K3 reference layout."""
+        return {f"{prefix}{i}.{n}.weight": getattr(self, n)[i] for i in range(self.num_experts) for n in ("w1", "w2", "w3")}
+
+    @torch.no_grad()
+    def load_per_expert_state_dict(self, state: dict[str, torch.Tensor], prefix: str = "") -> None:
+        for n in ("w1", "w2", "w3"):
+            param = getattr(self, n)
+            for i in range(self.num_experts):
+                param[i].copy_(state[f"{prefix}{i}.{n}.weight"])
+
+    # -- dispatch --------------------------------------------------------------------------------------
+    def _backend(self, z: torch.Tensor, w1: torch.Tensor) -> str:
+        if self.dispatch != "auto":
+            return self.dispatch
+        return "grouped_mm" if grouped_mm_supported(z, w1.transpose(-2, -1)) else "padded_bmm"
+
+    def forward(self, z: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        dtype = z.dtype
+        if torch.is_autocast_enabled(z.device.type):
+            dtype = torch.get_autocast_dtype(z.device.type)  # grouped_mm is not autocast-aware
+        z = z.to(dtype)
+        w1, w2, w3 = (w.to(dtype) for w in (self.w1, self.w2, self.w3))
+        backend = self._backend(z, w1)
+        if backend == "loop":
+            return experts_reference(z, indices, weights, w1, w2, w3, self.act, self.capacity_factor)
+
+        N, k = indices.shape
+        E = self.num_experts
+        flat = indices.reshape(-1)  # [N*k], pair p = token * k + slot
+        order = torch.argsort(flat, stable=True)  # [N*k], pairs grouped by expert, token order inside
+        expert_sorted = flat[order]  # [N*k]
+        counts = torch.bincount(flat, minlength=E)  # [E]
+        starts = torch.cumsum(counts, 0) - counts  # [E]
+        rank = torch.arange(flat.numel(), device=flat.device) - starts[expert_sorted]  # [N*k] slot within expert
+        cap = capacity(N, k, E, self.capacity_factor)
+        if cap is not None:
+            keep = rank < cap
+            order, expert_sorted, rank = order[keep], expert_sorted[keep], rank[keep]
+            counts = counts.clamp(max=cap)
+        xs = z[order // k]  # [P, d_in], P kept pairs
+
+        if backend == "grouped_mm":
+            offs = torch.cumsum(counts, 0).to(torch.int32)  # [E]
+            h = self.act(_gmm(xs, w1, offs), _gmm(xs, w3, offs))  # [P, m]
+            ys = _gmm(h, w2, offs)  # [P, d_in]
+        else:  # padded_bmm
+            C = cap if cap is not None else int(counts.max()) if counts.numel() else 0
+            buf = xs.new_zeros(E, C, xs.shape[-1])  # [E, C, d_in]
+            buf = buf.index_put((expert_sorted, rank), xs)
+            h = self.act(torch.bmm(buf, w1.transpose(1, 2)), torch.bmm(buf, w3.transpose(1, 2)))  # [E, C, m]
+            ys = torch.bmm(h, w2.transpose(1, 2))[expert_sorted, rank]  # [P, d_in]
+
+        # weight in fp32 (router precision; fp64 stays fp64), un-sort to [N, k, d_in], sum the k choices, cast back once
+        acc = torch.promote_types(dtype, torch.float32)
+        yw = ys.to(acc) * weights.reshape(-1)[order].to(acc)[:, None]  # [P, d_in]
+        full = yw.new_zeros(N * k, yw.shape[-1]).index_put((order,), yw)  # [N*k, d_in]; dropped pairs stay 0
+        return full.view(N, k, -1).sum(dim=1).to(dtype)  # [N, d_in]
+
+    def extra_repr(self) -> str:
+        return (
+            f"experts={self.num_experts}, d_in={self.d_in}, hidden={self.hidden_dim}, "
+            f"capacity_factor={self.capacity_factor}, dispatch={self.dispatch}"
+        )
