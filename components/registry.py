@@ -63,7 +63,7 @@ class Registry:
         self._discovered = False
 
     # -- registration ---------------------------------------------------------------------------
-    def register(self, name: str, config_cls: type) -> Callable[[type], type]:
+    def register(self, name: str, config_cls: type, summary: str | None = None) -> Callable[[type], type]:
         if not dataclasses.is_dataclass(config_cls):
             raise TypeError(f"{self.family} '{name}': config must be a dataclass, got {config_cls!r}")
         if "name" not in {f.name for f in dataclasses.fields(config_cls)}:
@@ -73,7 +73,7 @@ class Registry:
             if name in self._entries and self._entries[name].cls is not cls:
                 raise KeyError(f"{self.family} '{name}' is registered twice")
             doc = (cls.__doc__ or "").strip().splitlines()
-            self._entries[name] = Entry(name, cls, config_cls, doc[0] if doc else "")
+            self._entries[name] = Entry(name, cls, config_cls, summary or (doc[0] if doc else ""))
             _store_schema(self.group, name, config_cls)
             return cls
 

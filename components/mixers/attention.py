@@ -147,8 +147,8 @@ class Attention(nn.Module):
         return 2 * self.n_kv_heads * self.head_dim
 
 
-MIXERS.register("mha", MHAConfig)(Attention)
-MIXERS.register("gqa", GQAConfig)(Attention)
-MIXERS.register("mqa", MQAConfig)(Attention)
+MIXERS.register("mha", MHAConfig, "Multi-head softmax attention (one K/V head per query head), RoPE or NoPE.")(Attention)
+MIXERS.register("gqa", GQAConfig, "Grouped-query attention: `n_kv_heads` K/V heads shared by groups of query heads.")(Attention)
+MIXERS.register("mqa", MQAConfig, "Multi-query attention: one K/V head shared by all query heads.")(Attention)
 
 __all__ = ["Attention", "AttentionConfig", "MHAConfig", "GQAConfig", "MQAConfig", "KVCache"]

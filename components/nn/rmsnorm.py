@@ -8,7 +8,7 @@ from torch import nn
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """``weight * x / sqrt(mean(x^2) + eps)`` over the last dim; statistics in fp32."""
-    x32 = x.float()
+    x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 for bf16/fp32, fp64 stays fp64
     y = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return y * weight if weight is not None else y
 

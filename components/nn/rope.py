@@ -15,7 +15,7 @@ def rope_cos_sin(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` ``[B, H, T, dim]`` by position; tables ``[T, dim]``. Math in fp32."""
-    x32 = x.float()
+    x32 = x.to(torch.promote_types(x.dtype, torch.float32))
     half = x32.shape[-1] // 2
     rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
-    return (x32 * cos + rotated * sin).to(x.dtype)
+    return (x32 * cos.to(x32.dtype) + rotated * sin.to(x32.dtype)).to(x.dtype)
