@@ -19,10 +19,16 @@ class Balancer(nn.Module):
         super().__init__()
         self.cfg = cfg
 
+    def attach(self, model: nn.Module) -> None:
+        """Called once after the model is built, before the first forward (e.g. to turn on the
+        router statistics this balancer needs)."""
+
     def aux_loss(self, model: nn.Module) -> Optional[torch.Tensor]:
         """Loss term for the current micro-batch, or None."""
         return None
 
     def step(self, model: nn.Module) -> dict[str, float]:
-        """Called after each optimizer step; returns metrics to log."""
-        return {}
+        """Called after each optimizer step; returns metrics to log (MaxVio of every routed layer)."""
+        from components.balancers.load_stats import finish_step
+
+        return finish_step(model)

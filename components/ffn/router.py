@@ -17,7 +17,8 @@ Statistics for balancers (training mode only, detached, accumulated over micro-b
   blocks ``[N, E]`` of every micro-batch (exact quantiles; memory ``4 * M * E`` bytes per layer and step).
 
 The cutoff of a token is its (k+1)-th largest biased score. It is free: the router takes top-(k+1) once and
-uses the first k as routes.
+uses the first k as routes. Every training-mode forward is counted, so a forward recomputed by activation
+checkpointing would be counted twice.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ class Router(nn.Module):
         self.renormalize = renormalize
         self.routed_scaling_factor = routed_scaling_factor
         self.layer_idx = layer_idx
-        # K3 gate.weight [E, d], kept in fp32
+        # K3 gate.weight [E, d], kept in fp32; normal(0, init_std) as HF Kimi-Linear / DeepSeek-V3
+        # (the K3 reference constructor uses kaiming_uniform, but its weights are always loaded)
         self.weight = nn.Parameter(torch.empty(num_experts, d_model, dtype=torch.float32))
         nn.init.normal_(self.weight, std=init_std)
         # selection-only bias; persistent so checkpoints carry what the balancer learned
@@ -95,7 +97,6 @@ class Router(nn.Module):
         self.hist_bins = 0  # > 0: accumulate the QB histogram
         self.keep_margins = False  # accumulate r blocks for exact quantiles
         self.reset_stats()
-        self.last: Optional[RouterRecord] = None
 
     # -- dtype: weight and bias stay fp32 whatever the module is cast to -----------------------------
     def _apply(self, fn, recurse=True):
@@ -135,7 +136,7 @@ class Router(nn.Module):
         self.hist: Optional[torch.Tensor] = None  # [E, bins] int64
         self.hist_range: Optional[tuple[float, float]] = None
         self.margins: list[torch.Tensor] = []  # [N_i, E] fp32 blocks
-        self.last = None
+        self.last: Optional[RouterRecord] = None
 
     def configure_stats(self, hist_bins: Optional[int] = None, keep_margins: Optional[bool] = None) -> None:
         """Turn the optional statistics on or off.

@@ -45,6 +45,7 @@ class LanguageModelModule(L.LightningModule):
         self.dataset = dataset
         self.model = Decoder(cfg)
         self.balancer = BALANCERS.build(cfg.balancer)
+        self.balancer.attach(self.model)
         self._val_sums: dict[str, torch.Tensor] = {}
         self.last_val_metrics: dict[str, float] = {}
 

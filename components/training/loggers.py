@@ -63,7 +63,7 @@ def build_loggers(root: Any, run_dir: str, run_name: str, config_dict: dict, res
             name=run_name,
             project=lc.project,
             entity=lc.entity,
-            group=lc.group,
+            group=lc.group or default_run_name(root),
             tags=tags,
             save_dir=run_dir,
             offline=mode == "offline",
