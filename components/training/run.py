@@ -123,6 +123,7 @@ def train(root: RootConfig, run_dir: str) -> dict[str, Any]:
     import lightning as L
     import wandb
 
+    from components.training.callbacks.depth_weights import DepthWeights
     from components.training.callbacks.throughput import Throughput
     from components.training.datamodule import TokenDataModule
     from components.training.lit_module import LanguageModelModule
@@ -144,7 +145,7 @@ def train(root: RootConfig, run_dir: str) -> dict[str, Any]:
     resume_id = run_info.get("wandb_id") if ckpt is not None else None
     config_dict = to_container(root)
     loggers, wandb_logger = build_loggers(root, run_dir, run_name, config_dict, resume_id)
-    trainer = build_trainer(root, run_dir, [throughput], loggers)
+    trainer = build_trainer(root, run_dir, [throughput, DepthWeights(run_dir)], loggers)
 
     if trainer.is_global_zero:
         print(f"run folder: {run_dir}")

@@ -1,0 +1,1 @@
+"""Run analysis tools: ``python -m analysis.<tool> RUN_DIR``."""

@@ -1,0 +1,301 @@
+"""Attention Residuals (K3 spec section 7): each sublayer reads a softmax mix of earlier depth sources.
+
+Instead of the running sum ``x + f(norm(x))``, the input of sublayer ``s`` is ``R(sources; w_s, gamma_s)``
+(``components.ops.attnres.attnres_read``): per token, RMS-normalised sources are scored against a
+learned pseudo-query ``w_s`` (folded with the key-norm gain ``gamma_s``), softmaxed over the sources,
+and the RAW sources are mixed with those weights. A final read with its own query aggregates depth before
+the output norm. Zero-initialised queries make every read the uniform mean of its sources.
+
+``full_attnres`` (spec 7.1): the sources of sublayer ``s`` are ``[embedding, out_0, ..., out_{s-1}]``;
+the final read sees all ``2 * n_layers + 1``. Memory: the state keeps every sublayer output, so it grows
+by one ``[B, T, d]`` tensor per sublayer (``2L + 1`` tensors at the end, O(L * B * T * d)), and the reads
+cost O(L^2) in total.
+
+``block_attnres`` (spec 7.2 / 7.3, K3's exact wiring): layers are grouped into blocks of ``block_size``
+decoder layers (2 * block_size sublayers). Inside a block plain summation builds a partial sum; a
+completed block is kept as one summary. A read attends over ``[embedding, block summaries..., partial]``.
+At a block start (``l % block_size == 0``) the pre-attention read still sees the just-finished block as
+the partial; it is sealed right after that read and the new partial starts from that layer's attention
+output. Layer 0's attention input is the embedding itself. Memory: the state holds at most
+``n_blocks + 1`` tensors (``n_blocks = (L - 1) // block_size + 1`` summaries, embedding included, plus
+the partial), never one per sublayer. K3 (93 layers, block 12): 8 summaries + partial, final read 9.
+
+K3 checkpoints hold each pseudo-query as a ``Linear(d, 1)`` weight ``[1, d]``; here it is a ``[d]`` vector.
+The sources keep the embedding's dtype (a bf16 sublayer output under autocast is cast up, as the plain
+residual sum would promote it).
+
+Under autograd every read saves references to its sources (no stacked copy) plus ``[S, B, T]`` weights,
+and its mixed output is saved by the following pre-norm, as the residual stream is for a plain model. So
+saved training activations differ little between full and block (both keep about two ``[B, T, d]``
+tensors per sublayer: a few percent over plain, see ``benchmarks/residual.py``); what full AttnRes adds
+is the O(L^2) read compute and the O(L) live state (decoding, pipeline stages), which blocks bound.
+
+Depth-weight diagnostics: with ``record_weights = True`` (a validation callback sets it) every read
+accumulates its softmax weights averaged over batch and positions; ``depth_weights()`` returns the
+sublayers x sources matrix averaged over the recorded batches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional, Union
+
+import torch
+from torch import nn
+
+from components.nn.rmsnorm import RMSNorm
+from components.ops.attnres import attnres_read
+from components.registry import RESIDUALS, ConfigError
+
+BACKENDS = ("torch", "fla", "auto")
+
+ReadKey = Union[int, str]  # sublayer index, or "final"
+
+
+def _validate_common(cfg: Any, root: Any, key: str) -> None:
+    if cfg.backend not in BACKENDS:
+        raise ConfigError(f"{key}.backend", f"must be one of {', '.join(BACKENDS)}, got '{cfg.backend}'")
+    if cfg.backend == "fla" and root.trainer.accelerator == "cpu":
+        raise ConfigError(f"{key}.backend", "'fla' is a CUDA (Triton) kernel and this run is on CPU; use 'torch' or 'auto'")
+    if not cfg.eps > 0:
+        raise ConfigError(f"{key}.eps", f"must be positive, got {cfg.eps}")
+
+
+@dataclass
+class FullAttnResConfig:
+    name: str = "full_attnres"
+    # torch | fla (fused Triton kernel, CUDA only) | auto (fla where it applies)
+    backend: str = "torch"
+    # epsilon of the key RMSNorm inside each read (K3: 1e-5); independent of model.norm_eps
+    eps: float = 1e-5
+
+    def validate(self, root: Any, key: str) -> None:
+        _validate_common(self, root, key)
+
+
+@dataclass
+class BlockAttnResConfig:
+    name: str = "block_attnres"
+    # decoder layers per block (each layer = 2 sublayers); K3: 12. Larger than n_layers means one block.
+    block_size: int = 12
+    backend: str = "torch"
+    eps: float = 1e-5
+
+    def validate(self, root: Any, key: str) -> None:
+        if self.block_size < 1:
+            raise ConfigError(f"{key}.block_size", f"must be >= 1 (decoder layers per block), got {self.block_size}")
+        _validate_common(self, root, key)
+
+
+def sublayer_label(s: ReadKey) -> str:
+    """``L3.attn`` / ``L3.mlp`` for sublayer 6 / 7; ``final`` for the output read."""
+    if s == "final":
+        return "final"
+    return f"L{s // 2}.{'attn' if s % 2 == 0 else 'mlp'}"
+
+
+class _AttnResBase(nn.Module):
+    """Parameters, the read, and depth-weight recording shared by the two schemes."""
+
+    def __init__(self, cfg: Any, d_model: int, n_layers: int, norm_eps: float = 1e-5):
+        super().__init__()
+        self.cfg = cfg
+        self.d_model = d_model
+        self.n_layers = n_layers
+        self.eps = cfg.eps
+        self.backend = cfg.backend
+
+        def query() -> nn.Parameter:
+            # zero pseudo-query: every read starts as the uniform mean of its sources
+            return nn.Parameter(torch.zeros(d_model))
+
+        # per decoder layer (K3 names); the gains are only folded into the queries, never applied alone
+        self.self_attention_res_proj = nn.ParameterList(query() for _ in range(n_layers))
+        self.self_attention_res_norm = nn.ModuleList(RMSNorm(d_model, self.eps) for _ in range(n_layers))
+        self.mlp_res_proj = nn.ParameterList(query() for _ in range(n_layers))
+        self.mlp_res_norm = nn.ModuleList(RMSNorm(d_model, self.eps) for _ in range(n_layers))
+        self.output_attn_res_proj = query()
+        self.output_attn_res_norm = RMSNorm(d_model, self.eps)
+        self._mark_no_weight_decay()
+
+        self.record_weights = False
+        self._weight_sums: dict[ReadKey, torch.Tensor] = {}
+        self._weight_counts: dict[ReadKey, int] = {}
+
+    # -- parameters ---------------------------------------------------------------------------
+    def _queries(self) -> list[nn.Parameter]:
+        return [*self.self_attention_res_proj, *self.mlp_res_proj, self.output_attn_res_proj]
+
+    def _mark_no_weight_decay(self) -> None:
+        # decaying a pseudo-query pulls the depth mix back to uniform; the trainer's grouping reads this
+        for p in self._queries():
+            p._no_weight_decay = True
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._mark_no_weight_decay()  # conversions may hand back new Parameter objects
+        return out
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._mark_no_weight_decay()  # deepcopy re-creates Parameters without their attributes
+
+    def _params_for(self, key: ReadKey) -> tuple[nn.Parameter, torch.Tensor]:
+        if key == "final":
+            return self.output_attn_res_proj, self.output_attn_res_norm.weight
+        layer = key // 2
+        if key % 2 == 0:
+            return self.self_attention_res_proj[layer], self.self_attention_res_norm[layer].weight
+        return self.mlp_res_proj[layer], self.mlp_res_norm[layer].weight
+
+    # -- the read -----------------------------------------------------------------------------
+    def _read(self, sources: list[torch.Tensor], key: ReadKey) -> torch.Tensor:
+        """``R(sources; w_key, gamma_key)``; sources oldest first, each ``[B, T, d]``."""
+        query, gain = self._params_for(key)
+        # a list, not a stack: autograd then keeps references to the sources instead of a copy per read
+        if not self.record_weights:
+            return attnres_read(sources, query, gain, self.eps, backend=self.backend)
+        h, weights = attnres_read(sources, query, gain, self.eps, return_weights=True, backend=self.backend)
+        self._record(key, weights)  # weights: [S, B, T]
+        return h
+
+    # -- depth-weight diagnostics ---------------------------------------------------------------
+    def _record(self, key: ReadKey, weights: torch.Tensor) -> None:
+        mean = weights.detach().flatten(1).to(torch.float64).mean(dim=1)  # [S]
+        if key in self._weight_sums:
+            self._weight_sums[key] = self._weight_sums[key] + mean
+            self._weight_counts[key] += 1
+        else:
+            self._weight_sums[key] = mean
+            self._weight_counts[key] = 1
+
+    def reset_depth_weights(self) -> None:
+        self._weight_sums = {}
+        self._weight_counts = {}
+
+    def source_labels(self) -> list[str]:
+        """Column labels of the ``depth_weights`` matrix."""
+        raise NotImplementedError
+
+    def _columns(self, n_sources: int) -> list[int]:
+        """Column of each of the ``n_sources`` sources of one read."""
+        raise NotImplementedError
+
+    def depth_weights(self) -> Optional[dict[str, Any]]:
+        """Mean depth weights of every read, averaged over the recorded batches; None before any.
+
+        ``{"sources": [column labels], "rows": [{"sublayer": "L0.attn", "weights": [...]}, ..., {"sublayer":
+        "final", ...}]}``: one row per sublayer in depth order, then the final read; each row has one entry
+        per column, NaN where that read has no such source. Rows sum to 1 over their present sources.
+        """
+        if not self._weight_sums:
+            return None
+        labels = self.source_labels()
+        order = [k for k in range(2 * self.n_layers) if k in self._weight_sums]
+        if "final" in self._weight_sums:
+            order.append("final")
+        rows = []
+        for key in order:
+            mean = (self._weight_sums[key] / self._weight_counts[key]).tolist()
+            row = [math.nan] * len(labels)
+            for col, w in zip(self._columns(len(mean)), mean):
+                row[col] = w
+            rows.append({"sublayer": sublayer_label(key), "weights": row})
+        return {"sources": labels, "rows": rows}
+
+    # -- accounting -------------------------------------------------------------------------------
+    def _count(self, key: ReadKey) -> int:
+        raise NotImplementedError
+
+    def sources_per_read(self) -> list[tuple[ReadKey, int]]:
+        """(sublayer index or "final", number of sources) for every read, in depth order."""
+        return [(s, self._count(s)) for s in range(2 * self.n_layers)] + [("final", self._count("final"))]
+
+
+@RESIDUALS.register("full_attnres", FullAttnResConfig)
+class FullAttnRes(_AttnResBase):
+    """Full AttnRes: every sublayer reads a softmax mix of the embedding and all earlier sublayer outputs."""
+
+    # state: tuple of sources (embedding, out_0, out_1, ...), each [B, T, d]
+
+    def start(self, x0: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x0,)
+
+    def read(self, state: tuple[torch.Tensor, ...], sublayer: int) -> torch.Tensor:
+        if len(state) != sublayer + 1:
+            raise RuntimeError(f"full_attnres: read of sublayer {sublayer} with {len(state)} sources (expected {sublayer + 1})")
+        # sublayer 0 has one source: weight exactly 1, so h is the embedding (the query still joins the graph)
+        return self._read(list(state), sublayer)
+
+    def write(self, state: tuple[torch.Tensor, ...], sublayer: int, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # under autocast a sublayer may return bf16 while the stream (the embedding) is fp32; a read needs
+        # one dtype across its sources, and a plain residual would have promoted the sum to fp32 anyway
+        return (*state, out.to(state[0].dtype))
+
+    def finish(self, state: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return self._read(list(state), "final")
+
+    def _count(self, key: ReadKey) -> int:
+        return 2 * self.n_layers + 1 if key == "final" else key + 1
+
+    def source_labels(self) -> list[str]:
+        return ["embedding"] + [sublayer_label(s) for s in range(2 * self.n_layers)]
+
+    def _columns(self, n_sources: int) -> list[int]:
+        return list(range(n_sources))
+
+
+class BlockState(NamedTuple):
+    blocks: tuple[torch.Tensor, ...]  # completed block summaries, oldest first (embedding first), [B, T, d] each
+    partial: torch.Tensor  # running sum of the current block (the embedding before layer 0), [B, T, d]
+
+
+@RESIDUALS.register("block_attnres", BlockAttnResConfig)
+class BlockAttnRes(_AttnResBase):
+    """Block AttnRes (K3): reads attend over the embedding, completed block sums and the current partial sum."""
+
+    def __init__(self, cfg: BlockAttnResConfig, d_model: int, n_layers: int, norm_eps: float = 1e-5):
+        super().__init__(cfg, d_model, n_layers, norm_eps)
+        self.block_size = cfg.block_size
+        # summaries kept at the final read: the embedding plus every block started before the last one
+        self.n_blocks = (n_layers - 1) // self.block_size + 1
+
+    def start(self, x0: torch.Tensor) -> BlockState:
+        return BlockState((), x0)
+
+    def read(self, state: BlockState, sublayer: int) -> torch.Tensor:
+        # before layer 0 there is no block yet: a one-source read (weight exactly 1) of the embedding,
+        # so h is the embedding and the layer-0 query still joins the graph (DDP without unused params)
+        return self._read([*state.blocks, state.partial], sublayer)
+
+    def write(self, state: BlockState, sublayer: int, out: torch.Tensor) -> BlockState:
+        layer = sublayer // 2
+        if sublayer % 2 == 0 and layer % self.block_size == 0:
+            # block start: seal the finished partial (the embedding at layer 0) after the pre-attention
+            # read, and start the new partial from this attention output
+            # (cast: under autocast the sublayer may return bf16 while the stream is fp32)
+            return BlockState((*state.blocks, state.partial), out.to(state.partial.dtype))
+        return BlockState(state.blocks, state.partial + out)
+
+    def finish(self, state: BlockState) -> torch.Tensor:
+        return self._read([*state.blocks, state.partial], "final")
+
+    def _count(self, key: ReadKey) -> int:
+        bs = self.block_size
+        if key == "final":
+            return self.n_blocks + 1
+        layer = key // 2
+        if key % 2 == 0:
+            # blocks sealed at layers 0, bs, 2bs, ... strictly before this layer, plus the partial
+            return 1 if layer == 0 else (layer - 1) // bs + 2
+        return layer // bs + 2  # this layer's seal has happened
+
+    def source_labels(self) -> list[str]:
+        return ["embedding"] + [f"block {i}" for i in range(1, self.n_blocks)] + ["partial"]
+
+    def _columns(self, n_sources: int) -> list[int]:
+        if n_sources == 1:
+            return [0]  # layer 0's attention: the embedding alone
+        # completed blocks in order; the partial always in the last column
+        return list(range(n_sources - 1)) + [self.n_blocks]
