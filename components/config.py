@@ -86,7 +86,9 @@ class TrainerConfig:
     checkpoint_every_n_steps: int = 250
     enable_progress_bar: bool = True
     deterministic: bool = False
-    compile: bool = False
+    # torch.compile the model: "true", "false", or "auto" (compile when a C++ compiler is on PATH,
+    # which TorchInductor's CPU backend needs, or on CUDA); costs some seconds up front
+    compile: str = "false"
 
 
 @dataclass
@@ -131,6 +133,7 @@ ALLOWED = {
     "trainer.accelerator": ("cpu", "gpu", "cuda", "auto"),
     "trainer.precision": ("32-true", "32", "bf16-mixed", "bf16-true", "16-mixed"),
     "logger.name": ("wandb", "csv"),
+    "trainer.compile": ("auto", "true", "false", "True", "False"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
 }
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import shutil
+import time
 from typing import Any, Optional
 
 import lightning as L
@@ -15,13 +17,39 @@ from components.model import Decoder
 from components.registry import BALANCERS
 
 
-def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
-    """Multiplier of the peak learning rate at ``step``: linear warmup, then the chosen decay."""
+def should_compile(trainer_cfg: Any) -> bool:
+    choice = str(trainer_cfg.compile).lower()
+    if choice != "auto":
+        return choice == "true"
+    if trainer_cfg.accelerator in ("gpu", "cuda"):
+        return True
+    return any(shutil.which(cc) for cc in ("c++", "g++", "clang++"))
+
+
+class TimeBudget:
+    """Training seconds used so far, for schedules that must finish within ``trainer.max_time_minutes``."""
+
+    def __init__(self, seconds: Optional[float]):
+        self.seconds = seconds
+        self.started: Optional[float] = None
+
+    def fraction(self) -> float:
+        if not self.seconds or self.started is None:
+            return 0.0
+        return (time.perf_counter() - self.started) / self.seconds
+
+
+def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float, time_fraction: float = 0.0) -> float:
+    """Multiplier of the peak learning rate at ``step``: linear warmup, then the chosen decay.
+
+    The decay follows whichever is further along, steps or the time budget, so a run capped by
+    ``trainer.max_time_minutes`` still ends fully decayed on a slower machine.
+    """
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
     if schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    progress = min(1.0, max((step - warmup) / max(1, total - warmup), time_fraction))
     if schedule == "linear":
         return 1.0 - (1.0 - min_ratio) * progress
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -46,8 +74,16 @@ class LanguageModelModule(L.LightningModule):
         self.model = Decoder(cfg)
         self.balancer = BALANCERS.build(cfg.balancer)
         self.balancer.attach(self.model)
+        # compiled view of the same module (shares parameters; state dicts keep the plain names)
+        forward = torch.compile(self.model, dynamic=False) if should_compile(cfg.trainer) else self.model
+        object.__setattr__(self, "_forward", forward)  # not registered: no second copy in state dicts
+        minutes = cfg.trainer.max_time_minutes
+        self.time_budget = TimeBudget(minutes * 60 if minutes else None)
         self._val_sums: dict[str, torch.Tensor] = {}
         self.last_val_metrics: dict[str, float] = {}
+
+    def on_train_start(self) -> None:
+        self.time_budget.started = time.perf_counter()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)
@@ -58,7 +94,7 @@ class LanguageModelModule(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        logits = self.model(x)
+        logits = self._forward(x)
         mask = y != IGNORE_INDEX
         loss = (self._token_loss(logits, y) * mask).sum() / mask.sum().clamp(min=1)
         total = loss
@@ -89,7 +125,7 @@ class LanguageModelModule(L.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
-        logits = self.model(x)
+        logits = self._forward(x)
         token_loss = self._token_loss(logits, y)
         for k, v in self.dataset.metric_sums(logits, y, token_loss).items():
             v = v.detach().double()
@@ -115,7 +151,8 @@ class LanguageModelModule(L.LightningModule):
         )
         total = self.cfg.trainer.max_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_lambda(step, o.warmup_steps, total, o.schedule, o.min_lr_ratio)
+            optimizer,
+            lambda step: lr_lambda(step, o.warmup_steps, total, o.schedule, o.min_lr_ratio, self.time_budget.fraction()),
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

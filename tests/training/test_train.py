@@ -17,7 +17,8 @@ from tests.conftest import REPO, run_train
 
 FAST = [
     "model=tiny", "data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048",
-    "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1",
+    "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1", "trainer.compile=false",
+    "trainer.max_time_minutes=null",
 ]
 
 
@@ -45,7 +46,7 @@ def test_short_run_writes_metrics_checkpoints_and_summary(tmp_path):
 
 def test_named_ablation_from_the_readme(tmp_path):
     """`mixer=mqa ffn.activation=swiglu trainer.max_steps=20` trains the default-size model."""
-    result = run_train("mixer=mqa", "ffn.activation=swiglu", "trainer.max_steps=20", "data.val_tokens=8192", "trainer.log_every_n_steps=1",
+    result = run_train("mixer=mqa", "ffn.activation=swiglu", "trainer.max_steps=20", "trainer.compile=false", "trainer.max_time_minutes=null", "data.val_tokens=8192", "trainer.log_every_n_steps=1",
                        "trainer.enable_progress_bar=false", f"output_root={tmp_path}", "logger=csv")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
@@ -56,7 +57,7 @@ def test_named_ablation_from_the_readme(tmp_path):
 
 
 def test_mqar_reports_accuracy(tmp_path):
-    result = run_train("data=mqar", "model=tiny", "trainer.max_steps=5", "trainer.enable_progress_bar=false",
+    result = run_train("data=mqar", "model=tiny", "trainer.max_steps=5", "trainer.compile=false", "trainer.max_time_minutes=null", "trainer.enable_progress_bar=false",
                        "data.num_val_examples=128", f"output_root={tmp_path}", "logger=csv")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())

@@ -1,0 +1,220 @@
+"""Kimi Delta Attention (KDA), K3's linear-attention mixer (spec section 2).
+
+Per layer: q/k/v projections -> short causal depthwise convolutions + SiLU -> heads -> L2-normalised
+q and k -> per-channel decay gate (K3's lower-bound sigmoid form, or Kimi Linear's softplus form) and
+write strength beta = sigmoid(b_proj x) -> gated delta rule (chunked for training and prefill, token by
+token for decoding) -> per-head RMSNorm times sigmoid output gate -> o_proj.
+
+The recurrent state is fixed-size ([H, K, V] per sequence), so decoding caches that state plus the last
+``conv_size - 1`` inputs of each convolution. Parameter names and shapes follow the K3 reference
+checkpoint (spec 2.1), so a reference state dict loads without renaming.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from components.nn.rmsnorm import rms_norm
+from components.ops.kda import chunk_kda, kda_gate, l2norm, recurrent_kda
+from components.registry import MIXERS, ConfigError
+
+BACKENDS = ("torch", "fla", "auto")
+
+
+@dataclass
+class KDAConfig:
+    name: str = "kda"
+    n_heads: int = 4
+    # key = value head size (K3: 128)
+    head_dim: int = 32
+    # depthwise causal convolution width (K3: 4)
+    conv_size: int = 4
+    # None: softplus gate -exp(A_log) * softplus(f + dt_bias) (Kimi Linear);
+    # a number L < 0: L * sigmoid(exp(A_log) * (f + dt_bias)) (K3: -5)
+    gate_lower_bound: Optional[float] = -5.0
+    # output gate: one d -> H*V matrix (K3) or the low-rank pair d -> head_dim -> H*V (Kimi Linear)
+    full_rank_gate: bool = True
+    norm_eps: float = 1e-5
+    chunk_size: int = 64
+    # torch: pure-PyTorch chunked kernel (any device); fla: fla-core Triton kernels (CUDA); auto
+    backend: str = "auto"
+
+    def validate(self, root: Any, key: str) -> None:
+        for field_name in ("n_heads", "head_dim", "conv_size", "chunk_size"):
+            if getattr(self, field_name) <= 0:
+                raise ConfigError(f"{key}.{field_name}", f"must be positive, got {getattr(self, field_name)}")
+        if self.chunk_size < 16 or self.chunk_size & (self.chunk_size - 1):
+            raise ConfigError(f"{key}.chunk_size", f"must be a power of two >= 16, got {self.chunk_size}")
+        if self.gate_lower_bound is not None and not self.gate_lower_bound < 0:
+            raise ConfigError(f"{key}.gate_lower_bound", f"must be negative (or null for the softplus gate), got {self.gate_lower_bound}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"{key}.backend", f"'{self.backend}' is not allowed; choose one of {', '.join(BACKENDS)}")
+        if self.backend == "fla" and self.gate_lower_bound is not None and self.gate_lower_bound < -5:
+            raise ConfigError(f"{key}.gate_lower_bound", f"fla's kernels need a bound in [-5, 0), got {self.gate_lower_bound}")
+
+
+class KDACache:
+    """Recurrent state ``S [B, H, K, V]`` (fp32) and the last ``W-1`` inputs of each convolution."""
+
+    def __init__(self) -> None:
+        self.state: Optional[torch.Tensor] = None
+        self.conv_q: Optional[torch.Tensor] = None  # [B, W-1, H*K]
+        self.conv_k: Optional[torch.Tensor] = None
+        self.conv_v: Optional[torch.Tensor] = None
+
+
+def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, prefix: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """SiLU(causal depthwise conv) of ``x [B, T, P]`` with kernel ``[P, 1, W]``; returns (y, new prefix).
+
+    ``prefix`` holds the previous ``W-1`` inputs (zeros at the start of a sequence); the returned
+    prefix is the last ``W-1`` inputs including ``x``, i.e. the conv cache after these tokens.
+    """
+    B, T, P = x.shape
+    W = weight.shape[-1]
+    if prefix is None:
+        prefix = x.new_zeros(B, W - 1, P)
+    xp = torch.cat([prefix.to(x.dtype), x], dim=1)  # [B, W-1+T, P]
+    y = F.conv1d(xp.transpose(1, 2), weight.to(x.dtype), groups=P)  # [B, P, T]
+    return F.silu(y.transpose(1, 2)), xp[:, xp.shape[1] - (W - 1) :]
+
+
+def fla_available(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        import fla.ops.kda  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@MIXERS.register("kda", KDAConfig)
+class KimiDeltaAttention(nn.Module):
+    """Kimi Delta Attention: gated delta-rule linear attention with a fixed-size state (K3)."""
+
+    def __init__(self, cfg: KDAConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
+        super().__init__()
+        self.cfg = cfg
+        self.layer_idx = layer_idx
+        H, K = cfg.n_heads, cfg.head_dim
+        P = H * K
+        self.n_heads, self.head_dim = H, K
+        self.q_proj = nn.Linear(d_model, P, bias=False)
+        self.k_proj = nn.Linear(d_model, P, bias=False)
+        self.v_proj = nn.Linear(d_model, P, bias=False)
+        self.q_conv1d = nn.Conv1d(P, P, cfg.conv_size, groups=P, bias=False)
+        self.k_conv1d = nn.Conv1d(P, P, cfg.conv_size, groups=P, bias=False)
+        self.v_conv1d = nn.Conv1d(P, P, cfg.conv_size, groups=P, bias=False)
+        self.f_a_proj = nn.Linear(d_model, K, bias=False)
+        self.f_b_proj = nn.Linear(K, P, bias=False)
+        self.b_proj = nn.Linear(d_model, H, bias=False)
+        if cfg.full_rank_gate:
+            self.g_proj = nn.Linear(d_model, P, bias=False)
+        else:
+            self.g_a_proj = nn.Linear(d_model, K, bias=False)
+            self.g_b_proj = nn.Linear(K, P, bias=False)
+        self.o_norm = nn.Module()
+        self.o_norm.weight = nn.Parameter(torch.ones(K))
+        self.o_proj = nn.Linear(P, d_model, bias=False)
+        # decay parameters stay fp32 and out of weight decay
+        self.A_log = nn.Parameter(torch.empty(H, dtype=torch.float32))
+        self.dt_bias = nn.Parameter(torch.empty(P, dtype=torch.float32))
+        for p in (self.A_log, self.dt_bias):
+            p._no_weight_decay = True
+        self.reset_parameters(init_std, out_init_std or init_std)
+
+    def reset_parameters(self, init_std: float, out_init_std: float) -> None:
+        for name, module in self.named_children():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=out_init_std if name == "o_proj" else init_std)
+        # the conv kernels keep PyTorch's default (uniform, fan-in scaled) init: a usable local filter
+        with torch.no_grad():
+            if self.A_log.device.type == "meta":
+                return
+            if self.cfg.gate_lower_bound is None:
+                self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
+            else:
+                self.A_log.zero_()  # exp(A_log) = 1: the lower-bound gate is already bounded
+            # dt in [1e-3, 1e-1] (log-uniform), stored as its inverse softplus
+            dt = torch.exp(torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(1e-1))).clamp(min=1e-4)
+            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    # -- cache ------------------------------------------------------------------------------------
+    def new_cache(self, batch_size: int) -> KDACache:
+        return KDACache()
+
+    def use_fla(self, x: torch.Tensor) -> bool:
+        backend = self.cfg.backend
+        if backend == "torch":
+            return False
+        if backend == "fla":
+            if x.device.type != "cuda":
+                raise RuntimeError("mixer.backend=fla needs CUDA tensors; use backend=torch or auto on this device")
+            return True
+        return fla_available(x.device)
+
+    # -- forward ----------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, state: Optional[KDACache] = None, offset: int = 0) -> torch.Tensor:
+        B, T, _ = x.shape
+        H, K = self.n_heads, self.head_dim
+        q, cq = causal_depthwise_conv(self.q_proj(x), self.q_conv1d.weight, state.conv_q if state else None)
+        k, ck = causal_depthwise_conv(self.k_proj(x), self.k_conv1d.weight, state.conv_k if state else None)
+        v, cv = causal_depthwise_conv(self.v_proj(x), self.v_conv1d.weight, state.conv_v if state else None)
+        q = l2norm(q.view(B, T, H, K))  # [B, T, H, K]
+        k = l2norm(k.view(B, T, H, K))  # [B, T, H, K]
+        v = v.view(B, T, H, K)  # [B, T, H, V]
+        f = self.f_b_proj(self.f_a_proj(x)).view(B, T, H, K)
+        g = kda_gate(f, self.A_log, self.dt_bias, self.cfg.gate_lower_bound)  # [B, T, H, K] fp32, <= 0
+        beta = torch.sigmoid(self.b_proj(x).to(self._fp32_or_wider(x)))  # [B, T, H] fp32
+
+        initial = state.state if state is not None else None
+        want_state = state is not None
+        if self.use_fla(x):
+            o, final = self._fla_core(q, k, v, g, beta, initial, want_state)
+        elif state is not None and T <= 8:
+            # a few decode steps: the plain recurrence is cheaper than setting up chunks
+            o, final = recurrent_kda(q, k, v, g, beta, initial_state=initial, output_final_state=True)
+        else:
+            o, final = chunk_kda(q, k, v, g, beta, initial_state=initial, output_final_state=want_state, chunk_size=self.cfg.chunk_size)
+        if state is not None:
+            state.state, state.conv_q, state.conv_k, state.conv_v = final, cq, ck, cv
+
+        gate = self.g_proj(x) if self.cfg.full_rank_gate else self.g_b_proj(self.g_a_proj(x))
+        wide = self._fp32_or_wider(x)  # fp32 for bf16/fp32 models; fp64 stays exact
+        o = rms_norm(o.to(wide), self.o_norm.weight.to(wide), self.cfg.norm_eps) * torch.sigmoid(gate.to(wide).view(B, T, H, K))
+        return self.o_proj(o.reshape(B, T, H * K).to(x.dtype))
+
+    @staticmethod
+    def _fp32_or_wider(x: torch.Tensor) -> torch.dtype:
+        return torch.promote_types(x.dtype, torch.float32)
+
+    def _fla_core(self, q, k, v, g, beta, initial, want_state):
+        from fla.ops.kda import chunk_kda as fla_chunk_kda
+        from fla.ops.kda import fused_recurrent_kda
+
+        if initial is not None and q.shape[1] == 1 and not torch.is_grad_enabled():
+            return fused_recurrent_kda(q, k, v, g, beta, initial_state=initial, output_final_state=want_state)
+        return fla_chunk_kda(q, k, v, g, beta, initial_state=initial, output_final_state=want_state)
+
+    # -- accounting -------------------------------------------------------------------------------
+    def flops_per_token(self, seq_len: int) -> float:
+        # chunked form, forward: intra-chunk (C x C) products over K and V, the UT solve, and the
+        # state read/update (K x V) per token and head; an approximation of the kernel's work
+        C = min(self.cfg.chunk_size, max(seq_len, 1))
+        K = V = self.head_dim
+        per_head = 2 * (C * (2 * K + V) / 2 + C * C / 6 + 3 * K * V)
+        return self.n_heads * per_head
+
+    def cache_numbers_per_token(self) -> int:
+        return 0  # the state does not grow with the sequence
+
+    def state_numbers(self) -> int:
+        """Numbers held per sequence: the recurrent state plus the three conv caches."""
+        P = self.n_heads * self.head_dim
+        return self.n_heads * self.head_dim * self.head_dim + 3 * P * (self.cfg.conv_size - 1)

@@ -1,0 +1,158 @@
+"""KDA mixer: K3 parameter names/shapes/count, gate forms, equality with a plain transcription of the
+layer equations (spec 2.2), chunked vs recurrent paths, and cached decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from components.mixers.kda import KDACache, KDAConfig, KimiDeltaAttention
+from components.registry import ConfigError
+
+
+def make(d_model=48, dtype=torch.float64, **kw) -> KimiDeltaAttention:
+    torch.manual_seed(0)
+    cfg = KDAConfig(**{"n_heads": 3, "head_dim": 8, "backend": "torch", **kw})
+    m = KimiDeltaAttention(cfg, d_model).to(dtype)
+    with torch.no_grad():
+        m.o_norm.weight.add_(0.1 * torch.randn_like(m.o_norm.weight))
+        m.A_log.add_(0.3 * torch.randn_like(m.A_log))
+    return m
+
+
+K3_SHAPES = {
+    "q_proj.weight": (12288, 7168), "k_proj.weight": (12288, 7168), "v_proj.weight": (12288, 7168),
+    "q_conv1d.weight": (12288, 1, 4), "k_conv1d.weight": (12288, 1, 4), "v_conv1d.weight": (12288, 1, 4),
+    "f_a_proj.weight": (128, 7168), "f_b_proj.weight": (12288, 128), "dt_bias": (12288,), "A_log": (96,),
+    "b_proj.weight": (96, 7168), "g_proj.weight": (12288, 7168), "o_norm.weight": (128,), "o_proj.weight": (7168, 12288),
+}
+
+
+def test_k3_parameter_names_shapes_and_count():
+    with torch.device("meta"):
+        m = KimiDeltaAttention(KDAConfig(n_heads=96, head_dim=128, conv_size=4, gate_lower_bound=-5.0, full_rank_gate=True), 7168)
+    shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
+    assert shapes == K3_SHAPES
+    assert sum(p.numel() for p in m.parameters()) == 443_740_384  # spec 1.3
+    assert m.A_log.dtype == m.dt_bias.dtype == torch.float32
+
+
+def test_low_rank_gate_names():
+    m = make(full_rank_gate=False)
+    names = {n for n, _ in m.named_parameters()}
+    assert {"g_a_proj.weight", "g_b_proj.weight"} <= names and "g_proj.weight" not in names
+
+
+def reference_layer(m: KimiDeltaAttention, x: torch.Tensor) -> torch.Tensor:
+    """Spec 2.2 steps 1-8, token by token, written independently of the module."""
+    B, T, d = x.shape
+    H, K, W = m.n_heads, m.head_dim, m.cfg.conv_size
+
+    def conv_silu(z, w):  # z [B, T, P], w [P, 1, W]
+        out = torch.zeros_like(z)
+        for t in range(T):
+            for j in range(W):
+                src = t - (W - 1) + j
+                if src >= 0:
+                    out[:, t] += w[:, 0, j] * z[:, src]
+        return F.silu(out)
+
+    q = conv_silu(x @ m.q_proj.weight.T, m.q_conv1d.weight).view(B, T, H, K)
+    k = conv_silu(x @ m.k_proj.weight.T, m.k_conv1d.weight).view(B, T, H, K)
+    v = conv_silu(x @ m.v_proj.weight.T, m.v_conv1d.weight).view(B, T, H, K)
+    q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    f = ((x @ m.f_a_proj.weight.T) @ m.f_b_proj.weight.T).view(B, T, H, K) + m.dt_bias.view(H, K).to(x.dtype)
+    a = m.A_log.exp().view(H, 1).to(x.dtype)
+    L = m.cfg.gate_lower_bound
+    g = -a * F.softplus(f) if L is None else L * torch.sigmoid(a * f)
+    beta = torch.sigmoid(x @ m.b_proj.weight.T)  # [B, T, H]
+    S = torch.zeros(B, H, K, K, dtype=x.dtype)
+    outs = []
+    for t in range(T):
+        S = S * g[:, t].exp()[..., None]  # decay rows (key channels)
+        pred = torch.einsum("bhkv,bhk->bhv", S, k[:, t])
+        u = beta[:, t, :, None] * (v[:, t] - pred)
+        S = S + k[:, t, :, :, None] * u[:, :, None, :]
+        outs.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t] * K**-0.5))
+    o = torch.stack(outs, 1)  # [B, T, H, V]
+    o = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + m.cfg.norm_eps) * m.o_norm.weight
+    gate = x @ m.g_proj.weight.T if m.cfg.full_rank_gate else (x @ m.g_a_proj.weight.T) @ m.g_b_proj.weight.T
+    o = o * torch.sigmoid(gate.view(B, T, H, K))
+    return o.reshape(B, T, H * K) @ m.o_proj.weight.T
+
+
+@pytest.mark.parametrize("bound", [-5.0, None])
+@pytest.mark.parametrize("full_rank", [True, False])
+def test_matches_transcription_of_the_equations(bound, full_rank):
+    m = make(gate_lower_bound=bound, full_rank_gate=full_rank)
+    x = torch.randn(2, 37, 48, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), reference_layer(m, x), rtol=1e-9, atol=1e-10)
+
+
+def test_gate_ranges():
+    m = make(gate_lower_bound=-5.0)
+    from components.ops.kda import kda_gate
+
+    f = 100 * torch.randn(4, 3, 8)
+    g = kda_gate(f, m.A_log.float(), m.dt_bias.float(), -5.0)
+    assert (g >= -5).all() and (g <= 0).all()  # saturates to the bound in fp32
+    assert (g.exp() >= torch.exp(torch.tensor(-5.0))).all()
+
+
+@pytest.mark.parametrize("bound", [-5.0, None])
+def test_chunked_prefill_continuation_and_decode(bound):
+    m = make(gate_lower_bound=bound, chunk_size=16)
+    x = torch.randn(2, 50, 48, dtype=torch.float64)
+    with torch.no_grad():
+        full = m(x)
+        cache = KDACache()
+        parts = [m(x[:, :20], state=cache), m(x[:, 20:41], state=cache)]  # two chunked prefills
+        parts += [m(x[:, t : t + 1], state=cache) for t in range(41, 50)]  # token-by-token decoding
+        torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-9, atol=1e-10)
+    assert cache.state.shape == (2, 3, 8, 8) and cache.state.dtype == torch.float64
+    assert cache.conv_q.shape == (2, 3, 24)
+
+
+def test_gradients_reach_every_parameter():
+    m = make(dtype=torch.float32)
+    m(torch.randn(2, 20, 48)).square().mean().backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("gate_lower_bound", 1.0), ("backend", "cuda"), ("chunk_size", 24), ("head_dim", 0)],
+)
+def test_validation(field, value):
+    cfg = KDAConfig(**{field: value})
+    with pytest.raises(ConfigError) as err:
+        cfg.validate(None, "mixer")
+    assert err.value.key == f"mixer.{field}"
+
+
+def test_fla_backend_needs_cuda():
+    m = make(backend="fla", dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        m(torch.randn(1, 4, 48))
+
+
+@pytest.mark.gpu
+def test_fla_backend_matches_torch_on_gpu():
+    torch.manual_seed(0)
+    m = make(dtype=torch.float32).cuda()
+    x = torch.randn(2, 300, 48, device="cuda", requires_grad=True)
+    m.cfg.backend = "torch"
+    y_ref = m(x.bfloat16().float())
+    (y_ref.square().sum()).backward()
+    g_ref = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    m.cfg.backend = "fla"
+    y = m(x.bfloat16().float())
+    (y.square().sum()).backward()
+    torch.testing.assert_close(y, y_ref, rtol=2e-2, atol=2e-2)
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(p.grad, g_ref[n], rtol=5e-2, atol=5e-2)
