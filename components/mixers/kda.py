@@ -177,11 +177,14 @@ class KimiDeltaAttention(nn.Module):
         want_state = state is not None
         if self.use_fla(x):
             o, final = self._fla_core(q, k, v, g, beta, initial, want_state)
-        elif state is not None and T <= 8:
-            # a few decode steps: the plain recurrence is cheaper than setting up chunks
-            o, final = recurrent_kda(q, k, v, g, beta, initial_state=initial, output_final_state=True)
         else:
-            o, final = chunk_kda(q, k, v, g, beta, initial_state=initial, output_final_state=want_state, chunk_size=self.cfg.chunk_size)
+            # the core computes in fp32 itself; autocast would hand its in-place products bf16 operands
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                if state is not None and T <= 8:
+                    # a few decode steps: the plain recurrence is cheaper than setting up chunks
+                    o, final = recurrent_kda(q, k, v, g, beta, initial_state=initial, output_final_state=True)
+                else:
+                    o, final = chunk_kda(q, k, v, g, beta, initial_state=initial, output_final_state=want_state, chunk_size=self.cfg.chunk_size)
         if state is not None:
             state.state, state.conv_q, state.conv_k, state.conv_v = final, cq, ck, cv
 

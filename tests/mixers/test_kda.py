@@ -156,3 +156,12 @@ def test_fla_backend_matches_torch_on_gpu():
     torch.testing.assert_close(y, y_ref, rtol=2e-2, atol=2e-2)
     for n, p in m.named_parameters():
         torch.testing.assert_close(p.grad, g_ref[n], rtol=5e-2, atol=5e-2)
+
+
+def test_runs_under_bf16_autocast():
+    m = make(dtype=torch.float32)
+    x = torch.randn(2, 70, 48)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m(x)
+    y.float().square().mean().backward()
+    assert torch.isfinite(y).all() and m.q_proj.weight.grad is not None

@@ -124,3 +124,14 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, accumulate):
     assert max(losses) == max(reference)
     for step in range(max(reference) - 5, max(reference) + 1):
         assert losses[step] == reference[step], (step, losses[step], reference[step])
+
+
+@pytest.mark.parametrize("mixer", ["kda", "mla"])
+@pytest.mark.parametrize("data", ["corpus", "mqar"])
+def test_linear_and_latent_attention_train(tmp_path, mixer, data):
+    extra = ["data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048"] if data == "corpus" else ["data.num_val_examples=64"]
+    result = run_train(f"mixer={mixer}", f"data={data}", "model=tiny", "trainer.max_steps=4", "trainer.compile=false",
+                       "trainer.max_time_minutes=null", "trainer.enable_progress_bar=false", f"output_root={tmp_path}", "logger=csv", *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["val"]["loss"] < 20
