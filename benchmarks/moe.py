@@ -10,9 +10,7 @@ reference. Routing is random top-k with mildly uneven expert loads.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +18,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without PYTHONPATH
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import medians  # noqa: E402
+from timing import time_interleaved as _time_interleaved  # noqa: E402
 from components.ffn.experts import RoutedExperts, experts_reference, grouped_mm_supported  # noqa: E402
 from components.ops.activations import glu_activation  # noqa: E402
 
@@ -28,27 +29,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 SIZES = [(512, 8, 2, 256, 256), (2048, 16, 2, 256, 512), (4096, 64, 4, 128, 256)]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_interleaved(fns: dict[str, Callable[[], None]], iters: int, warmup: int, device: torch.device) -> dict[str, float]:
-    """Median seconds per call of each fn; round r runs all fns, order rotated by r."""
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(iters):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            _sync(device)
-            t0 = time.perf_counter()
-            fns[name]()
-            _sync(device)
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
+    """Median seconds per call of each fn, interleaved (benchmarks/timing.py)."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    return medians(_time_interleaved(fns, iters, warmup=warmup, sync=sync))
 
 
 def routing(N: int, E: int, k: int, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

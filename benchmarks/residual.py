@@ -15,9 +15,7 @@ optimizer state (``torch.cuda.max_memory_allocated``).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without PYTHONPATH
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import medians  # noqa: E402
+from timing import time_interleaved as _time_interleaved  # noqa: E402
 from components.config import validate  # noqa: E402
 from components.launch import compose, strip_hydra  # noqa: E402
 from components.model import Decoder  # noqa: E402
@@ -45,21 +46,9 @@ def _sync(device: torch.device) -> None:
 
 
 def time_interleaved(fns: dict[str, Callable[[], None]], iters: int, warmup: int, device: torch.device) -> dict[str, float]:
-    """Median seconds per call of each fn; round r runs all fns, order rotated by r."""
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(iters):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            _sync(device)
-            t0 = time.perf_counter()
-            fns[name]()
-            _sync(device)
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
+    """Median seconds per call of each fn, interleaved (benchmarks/timing.py)."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    return medians(_time_interleaved(fns, iters, warmup=warmup, sync=sync))
 
 
 def build(overrides: list[str], args: argparse.Namespace, device: torch.device) -> Decoder:

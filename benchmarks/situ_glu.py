@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without PYTHONPATH
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import time_interleaved as _time_interleaved  # noqa: E402
 from components.ops.activations import SITU_BETA, SITU_LINEAR_BETA, situ_glu_reference, swiglu  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -31,22 +32,8 @@ def _sync(device: torch.device) -> None:
 
 
 def time_rounds(fns: dict[str, Callable[[], None]], iters: int, warmup: int, device: torch.device) -> dict[str, list[float]]:
-    """Seconds per call for each fn, interleaved: round r runs all fns, order rotated by r."""
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    _sync(device)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(iters):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            _sync(device)
-            t0 = time.perf_counter()
-            fns[name]()
-            _sync(device)
-            times[name].append(time.perf_counter() - t0)
-    return times
+    """Seconds per call of each fn over interleaved rounds (benchmarks/timing.py)."""
+    return _time_interleaved(fns, iters, warmup=warmup, sync=lambda: _sync(device))
 
 
 def make_fwd_bwd(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], gate, up, grad_z) -> Callable[[], None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
+import numpy as np
 import torch
 
 IGNORE_INDEX = -100
@@ -60,3 +61,37 @@ class TokenDataset:
     def baselines(self) -> dict[str, float]:
         """Reference numbers printed beside the model's (e.g. compressors' bits per byte)."""
         return {}
+
+
+class TokenStreamDataset(TokenDataset):
+    """Windows of a flat token stream: random training windows, consecutive validation windows.
+
+    Subclasses set ``train`` and ``val`` (1-D integer arrays, e.g. memmaps), ``seq_len``,
+    ``batch_size``, ``seed`` and ``num_val_windows``.
+    """
+
+    train: np.ndarray
+    val: np.ndarray
+    seed: int
+    num_val_windows: int
+
+    def _windows(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.from_numpy(np.stack([tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64))  # [B, T+1]
+        self.check_tokens(rows)
+        return rows[:, :-1], rows[:, 1:]
+
+    def check_tokens(self, rows: torch.Tensor) -> None:
+        """Hook for datasets whose files may hold ids outside the vocabulary."""
+
+    def train_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = batch_generator(self.seed, index)
+        starts = torch.randint(0, len(self.train) - self.seq_len - 1, (self.batch_size,), generator=g).numpy()
+        return self._windows(self.train, starts)
+
+    def num_val_batches(self) -> int:
+        return math.ceil(self.num_val_windows / self.batch_size)
+
+    def val_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first = index * self.batch_size
+        starts = np.arange(first, min(first + self.batch_size, self.num_val_windows)) * self.seq_len
+        return self._windows(self.val, starts)

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from components.data.base import TokenDataset, batch_generator
+from components.data.base import TokenStreamDataset
 from components.registry import DATASETS, ConfigError
 
 SEPARATOR = 256
@@ -131,7 +131,7 @@ def compressed_bits_per_byte(data: bytes) -> dict[str, float]:
 
 
 @DATASETS.register("corpus", CorpusConfig)
-class StdlibCorpus(TokenDataset):
+class StdlibCorpus(TokenStreamDataset):
     """Python standard-library sources, byte-level (default corpus, no download)."""
 
     metric = "bpb"
@@ -151,25 +151,6 @@ class StdlibCorpus(TokenDataset):
         self.num_val_windows = n_val
         if len(self.train) <= cfg.seq_len + 1 or n_val < 1:
             raise ValueError(f"corpus in {self.folder} is too small for seq_len={cfg.seq_len}")
-
-    def _windows(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        T = self.seq_len
-        rows = np.stack([tokens[s : s + T + 1] for s in starts]).astype(np.int64)  # [B, T+1]
-        rows_t = torch.from_numpy(rows)
-        return rows_t[:, :-1], rows_t[:, 1:]
-
-    def train_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = batch_generator(self.seed, index)
-        starts = torch.randint(0, len(self.train) - self.seq_len - 1, (self.batch_size,), generator=g).numpy()
-        return self._windows(self.train, starts)
-
-    def num_val_batches(self) -> int:
-        return math.ceil(self.num_val_windows / self.batch_size)
-
-    def val_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        first = index * self.batch_size
-        starts = np.arange(first, min(first + self.batch_size, self.num_val_windows)) * self.seq_len
-        return self._windows(self.val, starts)
 
     # bits per byte over byte targets (the separator is predicted and trained on, but is not a byte)
     def metric_sums(self, logits, targets, token_loss):

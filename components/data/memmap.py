@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -11,7 +10,7 @@ import numpy as np
 import torch
 from omegaconf import MISSING
 
-from components.data.base import TokenDataset, batch_generator
+from components.data.base import TokenStreamDataset
 from components.registry import DATASETS, ConfigError
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
@@ -69,7 +68,7 @@ def check_token_file(path: str, dtype: str, key: str, seq_len: int) -> None:
 
 
 @DATASETS.register("memmap", MemmapConfig)
-class MemmapTokens(TokenDataset):
+class MemmapTokens(TokenStreamDataset):
     """Your own pre-tokenised uint16/uint32 token files."""
 
     def __init__(self, cfg: MemmapConfig, seed: int):
@@ -90,24 +89,9 @@ class MemmapTokens(TokenDataset):
         n_val = (len(self.val) - 1) // cfg.seq_len
         self.num_val_windows = min(n_val, cfg.val_tokens // cfg.seq_len) if cfg.val_tokens else n_val
 
-    def _windows(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.from_numpy(np.stack([tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64))
+    def check_tokens(self, rows: torch.Tensor) -> None:
         if int(rows.max()) >= self.vocab_size:
             raise ValueError(f"token id {int(rows.max())} in {self.cfg.path} is >= data.vocab_size={self.vocab_size}")
-        return rows[:, :-1], rows[:, 1:]
-
-    def train_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = batch_generator(self.seed, index)
-        starts = torch.randint(0, len(self.train) - self.seq_len - 1, (self.batch_size,), generator=g).numpy()
-        return self._windows(self.train, starts)
-
-    def num_val_batches(self) -> int:
-        return math.ceil(self.num_val_windows / self.batch_size)
-
-    def val_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        first = index * self.batch_size
-        starts = np.arange(first, min(first + self.batch_size, self.num_val_windows)) * self.seq_len
-        return self._windows(self.val, starts)
 
     def describe(self) -> str:
         return f"memmap {self.cfg.path}: {len(self.train):,} train / {len(self.val):,} val tokens"
