@@ -154,28 +154,23 @@ def resolve_run_dir(root: Any) -> Path:
     from components.training.loggers import default_run_name
 
     base = Path(root.output_root) / (root.name or f"{default_run_name(root)}-{config_fingerprint(root)}")
-    siblings = [base] + [base.with_name(f"{base.name}-{i}") for i in range(2, 10_000)]
+    # the run's folders so far: base, base-2, base-3, ... (consecutive)
+    existing = list(itertools.takewhile(Path.exists, (base.with_name(f"{base.name}-{i}") if i > 1 else base for i in itertools.count(1))))
     if root.ckpt_path == "last":
-        existing = [p for p in siblings[: _count_existing(siblings)] if _has_checkpoint(p)]
-        if existing:
-            return existing[-1].resolve()
+        resumable = [p for p in existing if _has_checkpoint(p)]
+        if resumable:
+            return resumable[-1].resolve()
     elif root.ckpt_path is not None:
         ckpt = Path(root.ckpt_path)
         if not ckpt.is_file():
             raise ConfigError("ckpt_path", f"checkpoint not found: {root.ckpt_path} (use a .ckpt file, 'last' or null)")
         if ckpt.resolve().parent.name == "checkpoints":
             return ckpt.resolve().parent.parent  # continue in the run folder the checkpoint belongs to
-    for folder in siblings:
-        if not folder.exists() or not any(folder.iterdir()):
-            return folder.resolve()
-    raise ConfigError("name", f"too many runs named {base.name}; choose another name=")
-
-
-def _count_existing(siblings: list[Path]) -> int:
-    n = 0
-    while n < len(siblings) and siblings[n].exists():
-        n += 1
-    return n
+    empty = [p for p in existing if not any(p.iterdir())]
+    if empty:
+        return empty[0].resolve()
+    n = len(existing) + 1
+    return (base if n == 1 else base.with_name(f"{base.name}-{n}")).resolve()
 
 
 # ------------------------------------------------------------------------------------------------

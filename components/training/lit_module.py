@@ -148,9 +148,8 @@ class LanguageModelModule(L.LightningModule):
     # -- optimisation ---------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         o = self.cfg.optimizer
-        fused = None
         optimizer = torch.optim.AdamW(
-            param_groups(self.model, o.weight_decay), lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused
+            param_groups(self.model, o.weight_decay), lr=o.lr, betas=tuple(o.betas), eps=o.eps
         )
         total = self.cfg.trainer.max_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -164,7 +164,7 @@ def train(root: RootConfig, run_dir: str) -> dict[str, Any]:
     status = "failed"
     try:
         trainer.fit(module, datamodule=data, ckpt_path=ckpt)
-        final = trainer.validate(module, datamodule=data, verbose=False)
+        trainer.validate(module, datamodule=data, verbose=False)  # final metrics after the last step
         status = "finished"
     finally:
         if trainer.is_global_zero:
@@ -189,7 +189,6 @@ def train(root: RootConfig, run_dir: str) -> dict[str, Any]:
     if trainer.is_global_zero:
         _write_json(os.path.join(run_dir, "summary.json"), summary)
         print(format_summary(summary, dataset.metric))
-    del final
     return summary
 
 

@@ -48,6 +48,7 @@ class Throughput(L.Callback):
         self.peak = peak
         self.peak_source = ""
         self._last: Optional[float] = None
+        self._paused_at: Optional[float] = None
         self._tokens = 0
         self.total_tokens = 0
         self.train_seconds = 0.0
@@ -79,6 +80,6 @@ class Throughput(L.Callback):
         self._paused_at = time.perf_counter()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._last is not None and getattr(self, "_paused_at", None) is not None:
+        if self._last is not None and self._paused_at is not None:
             self._last += time.perf_counter() - self._paused_at
         self._paused_at = None
