@@ -29,7 +29,7 @@ from timing import time_interleaved as _time_interleaved  # noqa: E402
 from components.config import validate  # noqa: E402
 from components.launch import compose, strip_hydra  # noqa: E402
 from components.model import Decoder  # noqa: E402
-from components.training.lit_module import param_groups  # noqa: E402
+from components.optim.build import adamw_param_groups, unique_trainable  # noqa: E402
 
 SCHEMES: dict[str, list[str]] = {
     "plain": ["residual=plain"],
@@ -61,7 +61,7 @@ def build(overrides: list[str], args: argparse.Namespace, device: torch.device) 
 
 
 def make_step(model: Decoder, ids: torch.Tensor, targets: torch.Tensor) -> Callable[[], None]:
-    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4)
+    opt = torch.optim.AdamW(adamw_param_groups(unique_trainable(model), 0.1), lr=1e-4)
 
     def step() -> None:
         logits = model(ids)

@@ -65,6 +65,11 @@ class OptimizerConfig:
     # cosine decay from lr to lr * min_lr_ratio over the remaining steps; "constant" keeps lr flat
     schedule: str = "cosine"
     min_lr_ratio: float = 0.1
+    # Muon only (components/optim/muon.py): momentum, Nesterov, Newton-Schulz steps, per-head blocks
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    per_head: bool = False
 
 
 @dataclass
@@ -128,7 +133,7 @@ class RootConfig:
 
 
 ALLOWED = {
-    "optimizer.name": ("adamw",),
+    "optimizer.name": ("adamw", "muon"),
     "optimizer.schedule": ("cosine", "constant", "linear"),
     "trainer.accelerator": ("cpu", "gpu", "cuda", "auto"),
     "trainer.precision": ("32-true", "32", "bf16-mixed", "bf16-true", "16-mixed"),
@@ -223,6 +228,8 @@ def validate(cfg: DictConfig) -> RootConfig:
     check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optimizer.betas", f"must be two numbers in [0, 1), got {list(o.betas)}")
     check(0 <= o.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
     check(o.warmup_steps >= 0, "optimizer.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
+    check(0 <= o.momentum < 1, "optimizer.momentum", f"must be in [0, 1), got {o.momentum}")
+    check(1 <= o.ns_steps < 100, "optimizer.ns_steps", f"must be in [1, 99], got {o.ns_steps}")
 
     from components.layer_plan import resolve_plan
 

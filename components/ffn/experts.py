@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components.optim.muon import MatrixLayout
+
 DISPATCH_BACKENDS = ("auto", "grouped_mm", "padded_bmm", "loop")
 _GROUPED_MM_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _GROUPED_MM_MAX_GROUPS = 1024  # the CUDA bf16 kernel needs fewer groups than this
@@ -137,6 +139,10 @@ class RoutedExperts(nn.Module):
         nn.init.normal_(self.w1, std=init_std)
         nn.init.normal_(self.w3, std=init_std)
         nn.init.normal_(self.w2, std=out_init_std or init_std)
+
+    def muon_layouts(self) -> dict[str, MatrixLayout]:
+        """Each expert's matrix is orthogonalised on its own."""
+        return {n: MatrixLayout(stacked=True) for n in ("w1", "w2", "w3")}
 
     def expert_params(self) -> int:
         """Weights of one expert."""

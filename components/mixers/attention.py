@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from components.nn.rope import apply_rope, rope_cos_sin
+from components.optim.muon import MatrixLayout
 from components.registry import MIXERS, ConfigError
 
 
@@ -106,6 +107,15 @@ class Attention(nn.Module):
         for lin in (self.q_proj, self.k_proj, self.v_proj):
             nn.init.normal_(lin.weight, std=init_std)
         nn.init.normal_(self.o_proj.weight, std=out_init_std or init_std)
+
+    def muon_layouts(self) -> dict[str, MatrixLayout]:
+        """Per-head blocks: rows of the input projections, columns of the output projection."""
+        return {
+            "q_proj.weight": MatrixLayout(self.n_heads, 0),
+            "k_proj.weight": MatrixLayout(self.n_kv_heads, 0),
+            "v_proj.weight": MatrixLayout(self.n_kv_heads, 0),
+            "o_proj.weight": MatrixLayout(self.n_heads, 1),
+        }
 
     def new_cache(self, batch_size: int) -> KVCache:
         return KVCache()

@@ -22,6 +22,7 @@ from torch import nn
 
 from components.nn.rmsnorm import rms_norm
 from components.ops.kda import chunk_kda, kda_gate, l2norm, recurrent_kda
+from components.optim.muon import MatrixLayout
 from components.registry import MIXERS, ConfigError
 
 BACKENDS = ("torch", "fla", "auto")
@@ -128,6 +129,15 @@ class KimiDeltaAttention(nn.Module):
         for p in (self.A_log, self.dt_bias):
             p._no_weight_decay = True
         self.reset_parameters(init_std, out_init_std or init_std)
+
+    def muon_layouts(self) -> dict[str, MatrixLayout]:
+        """Per-head blocks of the head-indexed projections; f_a_proj, g_a_proj and b_proj are shared by
+        all heads and stay whole."""
+        H = self.n_heads
+        names = ["q_proj", "k_proj", "v_proj", "f_b_proj"] + (["g_proj"] if self.cfg.full_rank_gate else ["g_b_proj"])
+        layouts = {f"{n}.weight": MatrixLayout(H, 0) for n in names}
+        layouts["o_proj.weight"] = MatrixLayout(H, 1)
+        return layouts
 
     def reset_parameters(self, init_std: float, out_init_std: float) -> None:
         for name, module in self.named_children():

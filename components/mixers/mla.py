@@ -24,6 +24,7 @@ from torch import nn
 
 from components.nn.rmsnorm import RMSNorm
 from components.nn.rope import apply_rope, rope_cos_sin
+from components.optim.muon import MatrixLayout
 from components.registry import MIXERS, ConfigError
 
 ORDERS = ("expanded", "absorbed")
@@ -129,6 +130,16 @@ class MLA(nn.Module):
         for lin in in_projs:
             nn.init.normal_(lin.weight, std=init_std)
         nn.init.normal_(self.o_proj.weight, std=out_init_std or init_std)
+
+    def muon_layouts(self) -> dict[str, MatrixLayout]:
+        """Per-head blocks; head h of kv_b_proj is its U^K_h and U^V_h rows together. The down-projections
+        (q_a_proj, kv_a_proj_with_mqa) are shared by all heads and stay whole."""
+        H = self.n_heads
+        layouts = {"kv_b_proj.weight": MatrixLayout(H, 0), "o_proj.weight": MatrixLayout(H, 1)}
+        layouts["q_b_proj.weight" if self.cfg.q_lora_rank is not None else "q_proj.weight"] = MatrixLayout(H, 0)
+        if self.cfg.output_gate:
+            layouts["g_proj.weight"] = MatrixLayout(H, 0)
+        return layouts
 
     # -- cache and accounting ---------------------------------------------------------------------
     def new_cache(self, batch_size: int) -> MLACache:

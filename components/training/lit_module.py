@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from components.config import RootConfig
 from components.data.base import IGNORE_INDEX, TokenDataset
 from components.model import Decoder
+from components.optim.build import build_optimizer
 from components.registry import BALANCERS
 
 
@@ -53,17 +54,6 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     if schedule == "linear":
         return 1.0 - (1.0 - min_ratio) * progress
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay matrices (2-D and up); never norms gains, biases, embeddings' position-free vectors."""
-    decay, no_decay, seen = [], [], set()
-    for name, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (decay if p.ndim >= 2 and not getattr(p, "_no_weight_decay", False) else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 class LanguageModelModule(L.LightningModule):
@@ -148,9 +138,7 @@ class LanguageModelModule(L.LightningModule):
     # -- optimisation ---------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         o = self.cfg.optimizer
-        optimizer = torch.optim.AdamW(
-            param_groups(self.model, o.weight_decay), lr=o.lr, betas=tuple(o.betas), eps=o.eps
-        )
+        optimizer = build_optimizer(self.model, o)
         total = self.cfg.trainer.max_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,

@@ -17,7 +17,7 @@ from components.ops.attnres import attnres_read_reference
 from components.registry import ConfigError
 from components.residual.attnres import BlockAttnRes, BlockAttnResConfig, FullAttnRes, FullAttnResConfig
 from components.training.callbacks.depth_weights import DepthWeights
-from components.training.lit_module import param_groups
+from components.optim.build import adamw_param_groups, unique_trainable
 from tests.helpers import compose_root
 
 EPS = 1e-5
@@ -356,7 +356,7 @@ def test_decoder_runs_under_bf16_autocast(residual):
 def test_pseudo_queries_are_excluded_from_weight_decay():
     model = Decoder(compose_root("model=tiny", "residual=block_attnres"))
     for m in (model, copy.deepcopy(model), copy.deepcopy(model).double()):
-        decay_ids = {id(p) for p in param_groups(m, 0.1)[0]["params"]}
+        decay_ids = {id(p) for p in adamw_param_groups(unique_trainable(m), 0.1)[0]["params"]}
         for q in m.residual._queries():
             assert q._no_weight_decay is True and id(q) not in decay_ids
 

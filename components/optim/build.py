@@ -1,0 +1,84 @@
+"""Optimizer construction from ``cfg.optimizer``: which parameter goes where, with which weight decay.
+
+AdamW: every parameter; decoupled weight decay on matrices (2-D and up) except those a module marks
+``_no_weight_decay`` (KDA's decay parameters, AttnRes queries); never on norm gains or biases.
+
+Muon (Moonlight partition, spec 8.1): hidden matrices -- every 2-D weight with both sides > 1, and the
+stacked matrices a module declares in ``muon_layouts()`` (expert weights) -- go to Muon; the token
+embedding, the output head and everything else (norm gains, biases, KDA's A_log / dt_bias, depthwise
+conv kernels [P, 1, W], single-vector "matrices") go to AdamW, under the same learning rate and decay.
+With ``per_head=true`` attention projections are orthogonalised per head block (spec 8.2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from components.optim.muon import MatrixLayout, Muon
+
+
+def _decays(p: torch.Tensor) -> bool:
+    return p.ndim >= 2 and not getattr(p, "_no_weight_decay", False)
+
+
+def unique_trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Named trainable parameters, tied weights once."""
+    seen, out = set(), []
+    for name, p in model.named_parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            out.append((name, p))
+    return out
+
+
+def adamw_param_groups(params: list[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict[str, Any]]:
+    decay = [p for _, p in params if _decays(p)]
+    no_decay = [p for _, p in params if not _decays(p)]
+    return [g for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+
+
+def declared_layouts(model: nn.Module) -> dict[str, MatrixLayout]:
+    """Full parameter name -> layout, from every module's ``muon_layouts()``."""
+    out: dict[str, MatrixLayout] = {}
+    for prefix, module in model.named_modules():
+        declare = getattr(module, "muon_layouts", None)
+        if declare is None:
+            continue
+        for local, layout in declare().items():
+            out[f"{prefix}.{local}" if prefix else local] = layout
+    return out
+
+
+def muon_partition(model: nn.Module, per_head: bool) -> tuple[list[tuple[str, nn.Parameter, MatrixLayout]], list[tuple[str, nn.Parameter]]]:
+    """(Muon parameters with their layouts, AdamW parameters)."""
+    outside = {id(m.weight) for m in (getattr(model, "embed", None), getattr(model, "lm_head", None)) if m is not None}
+    layouts = declared_layouts(model)
+    muon, adamw = [], []
+    for name, p in unique_trainable(model):
+        layout = layouts.get(name)
+        if layout is not None and not per_head:
+            layout = MatrixLayout(stacked=layout.stacked)
+        if layout is None and p.ndim == 2 and min(p.shape) > 1:
+            layout = MatrixLayout()
+        if id(p) in outside or layout is None:
+            adamw.append((name, p))
+        else:
+            layout.check(name, p.shape)
+            muon.append((name, p, layout))
+    return muon, adamw
+
+
+def build_optimizer(model: nn.Module, o: Any) -> torch.optim.Optimizer:
+    """``o`` is an OptimizerConfig (components/config.py)."""
+    if o.name == "adamw":
+        return torch.optim.AdamW(adamw_param_groups(unique_trainable(model), o.weight_decay), lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+    if o.name == "muon":
+        muon, adamw = muon_partition(model, o.per_head)
+        groups = adamw_param_groups(adamw, o.weight_decay)
+        if muon:
+            groups.insert(0, {"params": [p for _, p, _ in muon], "layouts": [layout for _, _, layout in muon], "use_muon": True, "weight_decay": o.weight_decay})
+        return Muon(groups, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum, nesterov=o.nesterov, ns_steps=o.ns_steps, betas=tuple(o.betas), eps=o.eps)
+    raise ValueError(f"optimizer.name: unknown optimizer {o.name!r}")

@@ -1,0 +1,182 @@
+"""Muon (Moonlight version) with an AdamW fallback in one optimizer, and per-head / per-expert updates.
+
+Muon, for a hidden weight matrix W [A, B] with gradient G (spec section 8.1):
+
+    M <- mu M + (1 - mu) G                       momentum (EMA form, as torch.optim.Muon)
+    U <- (1 - mu) G + mu M  (Nesterov)  or  M
+    O <- NS5(U)                                  approximately the orthogonal factor of U
+    W <- W (1 - lr wd) - lr 0.2 sqrt(max(A, B)) O
+
+The 0.2 sqrt(max(A, B)) factor ("match_rms_adamw") gives the update the per-entry RMS of a typical AdamW
+update, so one learning rate and weight decay serve both halves of the optimizer.
+
+Some parameters hold several independent matrices. A module says so through ``muon_layouts()``, which
+maps its parameter names to a :class:`MatrixLayout`:
+
+* attention projections split into head blocks (Per-Head Muon, spec 8.2): each head's block is
+  orthogonalised on its own, with the scale computed on the block shape, so a head with small gradients
+  still gets an O(1) update instead of being starved by the others;
+* stacked expert weights ``[E, a, b]`` are E matrices, each orthogonalised on its own.
+
+``torch.optim.Muon`` implements the plain 2-D case; it has no block layouts and no AdamW half, and one
+optimizer object keeps a single learning-rate schedule and one checkpointable state. It is the test
+oracle for the plain case (tests/optim/test_muon.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import astuple, dataclass
+from typing import Iterable, Optional
+
+import torch
+from torch import Tensor
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_EPS = 1e-7
+
+
+def newton_schulz(update: Tensor, steps: int = 5, coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS) -> Tensor:
+    """Quintic Newton-Schulz iteration towards the orthogonal factor of each trailing matrix.
+
+    ``update`` is ``[..., A, B]``; leading dims are independent matrices. Runs in bf16 (as the reference
+    implementations do): the iteration is self-correcting and its output singular values land in roughly
+    [0.7, 1.2] rather than exactly 1, which does not matter for optimisation.
+    """
+    a, b, c = coefficients
+    lead = update.shape[:-2]
+    x = update.bfloat16().reshape(-1, *update.shape[-2:])  # [N, A, B]
+    tall = x.size(-2) > x.size(-1)
+    if tall:  # iterate on the wide orientation: the Gram matrix is the small side
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.mT  # [N, A, A]
+        # fused multiply-adds round once per product, as torch.optim.Muon's addmm does
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, poly, x, beta=a)
+    if tall:
+        x = x.mT
+    return x.reshape(*lead, *x.shape[-2:])
+
+
+@dataclass(frozen=True)
+class MatrixLayout:
+    """How a parameter splits into the matrices Muon orthogonalises independently.
+
+    heads: number of equal blocks along ``axis`` (0: rows = output features, 1: columns = input
+    features of an ``nn.Linear`` weight); 1 means the whole matrix.
+    stacked: the leading dimension indexes independent matrices (``[E, a, b]`` expert weights).
+    """
+
+    heads: int = 1
+    axis: int = 0
+    stacked: bool = False
+
+    def to_blocks(self, t: Tensor) -> Tensor:
+        """``[rows, cols]`` or ``[E, rows, cols]`` -> ``[N, a, b]`` independent matrices."""
+        if not self.stacked:
+            t = t.unsqueeze(0)
+        E, rows, cols = t.shape
+        h = self.heads
+        if h == 1:
+            return t
+        if self.axis == 0:
+            return t.reshape(E * h, rows // h, cols)
+        return t.reshape(E, rows, h, cols // h).permute(0, 2, 1, 3).reshape(E * h, rows, cols // h)
+
+    def from_blocks(self, blocks: Tensor, shape: torch.Size) -> Tensor:
+        h = self.heads
+        E = shape[0] if self.stacked else 1
+        rows, cols = shape[-2], shape[-1]
+        if h == 1 or self.axis == 0:
+            return blocks.reshape(shape)
+        return blocks.reshape(E, h, rows, cols // h).permute(0, 2, 1, 3).reshape(shape)
+
+    def block_shape(self, shape: torch.Size) -> tuple[int, int]:
+        rows, cols = shape[-2], shape[-1]
+        return (rows // self.heads, cols) if self.axis == 0 else (rows, cols // self.heads)
+
+    def check(self, name: str, shape: torch.Size) -> None:
+        want = 3 if self.stacked else 2
+        if len(shape) != want:
+            raise ValueError(f"{name}: layout {self} needs a {want}-D parameter, got shape {tuple(shape)}")
+        if self.axis not in (0, 1) or shape[-2 + self.axis] % self.heads:
+            raise ValueError(f"{name}: {self.heads} head blocks do not divide axis {self.axis} of shape {tuple(shape)}")
+
+
+def orthogonalized_update(update: Tensor, layout: MatrixLayout, ns_steps: int = 5) -> tuple[Tensor, float]:
+    """NS5 of each independent matrix of ``update``, and the RMS-matching scale 0.2 sqrt(max(a, b))."""
+    a, b = layout.block_shape(update.shape)
+    blocks = newton_schulz(layout.to_blocks(update), ns_steps)  # [N, a, b]
+    return layout.from_blocks(blocks, update.shape).to(update.dtype), 0.2 * math.sqrt(max(a, b))
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for the groups marked ``use_muon=True``, AdamW for the rest; one ``lr`` schedule for both.
+
+    Each Muon group carries ``layouts``: one ``(heads, axis, stacked)`` tuple per parameter, in order
+    (plain tuples, so the optimizer state loads with ``torch.load(weights_only=True)``).
+    """
+
+    def __init__(self, param_groups: Iterable[dict], lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8):
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, betas=tuple(betas), eps=eps, use_muon=False)
+        super().__init__(list(param_groups), defaults)
+        for group in self.param_groups:
+            if group["use_muon"]:
+                layouts = group.setdefault("layouts", [(1, 0, False)] * len(group["params"]))
+                if len(layouts) != len(group["params"]):
+                    raise ValueError("a Muon group needs one layout per parameter")
+                group["layouts"] = [astuple(t) if isinstance(t, MatrixLayout) else tuple(t) for t in layouts]
+                for i, (p, layout) in enumerate(zip(group["params"], group["layouts"])):
+                    MatrixLayout(*layout).check(f"param {i}", p.shape)
+
+    @torch.no_grad()
+    def step(self, closure=None) -> Optional[Tensor]:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["use_muon"]:
+                self._muon_group(group)
+            else:
+                self._adamw_group(group)
+        return loss
+
+    def _muon_group(self, group: dict) -> None:
+        lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+        for p, layout in zip(group["params"], group["layouts"]):
+            if p.grad is None:
+                continue
+            g = p.grad
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(g)
+            buf = state["momentum_buffer"]
+            buf.lerp_(g, 1 - mu)
+            update = g.lerp(buf, mu) if group["nesterov"] else buf
+            ortho, scale = orthogonalized_update(update, MatrixLayout(*layout), group["ns_steps"])
+            p.mul_(1 - lr * wd)  # decoupled decay uses the unscaled lr (Moonlight, torch)
+            p.add_(ortho, alpha=-lr * scale)
+
+    def _adamw_group(self, group: dict) -> None:
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            g = p.grad
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = torch.zeros((), dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+            t = float(state["step"])
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            p.mul_(1 - lr * wd)
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
+            p.addcdiv_(m, denom, value=-lr / (1 - beta1**t))

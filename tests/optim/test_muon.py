@@ -1,0 +1,166 @@
+"""Muon: Newton-Schulz properties, equality with torch.optim.Muon and an fp64 Moonlight reference,
+per-head and per-expert blocks, the AdamW half, the parameter partition, and a step for every component."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from components.model import Decoder
+from components.optim.build import build_optimizer, muon_partition
+from components.optim.muon import NS_COEFFICIENTS, MatrixLayout, Muon, newton_schulz
+from tests.helpers import compose_root, group_options
+
+LR, WD, MU = 0.02, 0.1, 0.95
+
+
+def moonlight_reference_step(w: torch.Tensor, g: torch.Tensor, buf: torch.Tensor) -> None:
+    """The Moonlight update written out plainly, in float64, one matrix at a time."""
+    buf.mul_(MU).add_(g)
+    u = g + MU * buf  # Nesterov
+    x = u.T if u.shape[0] > u.shape[1] else u
+    x = x / x.norm()
+    a, b, c = NS_COEFFICIENTS
+    for _ in range(5):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    o = x.T if u.shape[0] > u.shape[1] else x
+    w.mul_(1 - LR * WD).sub_(LR * 0.2 * math.sqrt(max(w.shape)) * o)
+
+
+def run_muon(params: list[torch.Tensor], grads: list[list[torch.Tensor]], layouts=None) -> list[torch.Tensor]:
+    params = [torch.nn.Parameter(p.clone()) for p in params]
+    group = {"params": params, "use_muon": True}
+    if layouts is not None:
+        group["layouts"] = layouts
+    opt = Muon([group], lr=LR, weight_decay=WD, momentum=MU)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        opt.step()
+    return [p.detach() for p in params]
+
+
+@pytest.mark.parametrize("shape", [(64, 32), (128, 128), (32, 256)])
+def test_newton_schulz_singular_values_and_update_rms(shape):
+    torch.manual_seed(0)
+    n = min(shape)
+    u, _ = torch.linalg.qr(torch.randn(shape[0], n))
+    v, _ = torch.linalg.qr(torch.randn(shape[1], n))
+    g = u @ torch.diag(torch.logspace(0, -2, n)) @ v.T  # condition number 100
+    o = newton_schulz(g).float()
+    s = torch.linalg.svdvals(o)
+    # NS5 does not converge to exactly 1; it lands every direction in roughly [0.68, 1.2]
+    assert s.min() > 0.65 and s.max() < 1.25, (s.min(), s.max())
+    rms = (0.2 * math.sqrt(max(shape)) * o).pow(2).mean().sqrt()
+    assert 0.15 < rms < 0.21, rms  # RMS-matched to AdamW's typical 0.2
+    if shape[0] != shape[1]:  # a tall matrix is iterated as its wide transpose: the same numbers
+        assert torch.equal(newton_schulz(g.T), newton_schulz(g).T)
+
+
+@pytest.mark.parametrize("shape", [(48, 32), (32, 80)])
+def test_plain_matrices_match_torch_muon_and_fp64_moonlight(shape):
+    torch.manual_seed(1)
+    w0 = torch.randn(*shape) * 0.05
+    grads = [[torch.randn(*shape)] for _ in range(4)]
+    ours = run_muon([w0], grads)[0]
+
+    w_torch = torch.nn.Parameter(w0.clone())
+    opt = torch.optim.Muon([w_torch], lr=LR, weight_decay=WD, momentum=MU, nesterov=True, adjust_lr_fn="match_rms_adamw")
+    for (g,) in grads:
+        w_torch.grad = g.clone()
+        opt.step()
+
+    w_ref, buf = w0.double().clone(), torch.zeros(shape, dtype=torch.float64)
+    for (g,) in grads:
+        moonlight_reference_step(w_ref, g.double(), buf)
+
+    moved = (w_ref.float() - w0).abs().max()
+    assert torch.allclose(ours, w_torch.detach(), atol=1e-6), (ours - w_torch).abs().max()
+    # bf16 Newton-Schulz vs fp64: within bf16 rounding of the update
+    assert (ours - w_ref.float()).abs().max() < 0.02 * moved
+    assert not torch.equal(ours, w0)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_per_head_equals_muon_on_each_block(axis):
+    torch.manual_seed(2)
+    heads, rows, cols = 4, 8, 24
+    shape = (heads * rows, cols) if axis == 0 else (cols, heads * rows)
+    w0 = torch.randn(*shape) * 0.05
+    grads = [[torch.randn(*shape)] for _ in range(3)]
+    whole = run_muon([w0], grads, layouts=[MatrixLayout(heads, axis)])[0]
+    split = lambda t: list(t.chunk(heads, dim=axis))  # noqa: E731
+    blocks = run_muon(split(w0), [split(g) for (g,) in grads])
+    assert torch.allclose(whole, torch.cat(blocks, dim=axis), atol=1e-6)
+    # and it is a different update from whole-matrix Muon
+    assert not torch.allclose(whole, run_muon([w0], grads)[0], atol=1e-4)
+
+
+def test_stacked_experts_equal_muon_per_expert():
+    torch.manual_seed(3)
+    w0 = torch.randn(3, 16, 40) * 0.05
+    grads = [[torch.randn(3, 16, 40)] for _ in range(3)]
+    stacked = run_muon([w0], grads, layouts=[MatrixLayout(stacked=True)])[0]
+    each = run_muon(list(w0.unbind(0)), [list(g.unbind(0)) for (g,) in grads])
+    assert torch.allclose(stacked, torch.stack(each), atol=1e-6)
+
+
+def test_adamw_half_matches_torch_adamw():
+    torch.manual_seed(4)
+    a = torch.nn.Parameter(torch.randn(10, 7))
+    b = torch.nn.Parameter(a.detach().clone())
+    ours = Muon([{"params": [a]}], lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
+    ref = torch.optim.AdamW([b], lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
+    for _ in range(5):
+        g = torch.randn(10, 7)
+        a.grad, b.grad = g.clone(), g.clone()
+        ours.step()
+        ref.step()
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_partition_follows_moonlight():
+    root = compose_root("model=tiny", "mixer=kda", "ffn=moe", "+mixer@mixers.global=mla", "+model.mixer_plan.at={-1:global}",
+                        "model.tie_embeddings=false")
+    model = Decoder(root)
+    muon, adamw = muon_partition(model, per_head=True)
+    muon_names = {n: layout for n, _, layout in muon}
+    adamw_names = {n for n, _ in adamw}
+    assert {"embed.weight", "lm_head.weight"} <= adamw_names
+    for n, p in model.named_parameters():
+        if p.ndim < 2 or "conv1d" in n:
+            assert n in adamw_names, n  # norms, A_log, dt_bias, depthwise kernels [P, 1, W]
+    kda_q = next(n for n in muon_names if n.endswith("mixer.q_proj.weight"))
+    assert muon_names[kda_q].heads == root.mixer.n_heads
+    assert any(n.endswith("kv_b_proj.weight") and lay.heads == root.mixers["global"].n_heads for n, lay in muon_names.items())
+    experts = [lay for n, lay in muon_names.items() if ".experts.w" in n]
+    assert experts and all(lay.stacked for lay in experts)
+    whole, _ = muon_partition(model, per_head=False)
+    assert all(lay.heads == 1 for _, _, lay in whole) and [n for n, _, _ in whole] == list(muon_names)
+
+
+MIXERS = group_options("mixer")
+FFNS = group_options("ffn")
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("ffn", FFNS)
+def test_muon_trains_every_mixer_and_ffn(mixer, ffn):
+    torch.manual_seed(0)
+    root = compose_root("model=tiny", f"mixer={mixer}", f"ffn={ffn}", "optimizer=muon", "optimizer.per_head=true", "optimizer.lr=1e-2")
+    model = Decoder(root)
+    opt = build_optimizer(model, root.optimizer)
+    ids = torch.randint(0, 256, (2, 33))
+    losses = []
+    for _ in range(6):
+        logits = model(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
+    assert all(torch.isfinite(p).all() for p in model.parameters())
