@@ -1,10 +1,18 @@
-"""Routed-expert forward+backward timing: grouped dispatch (grouped_mm, padded bmm) vs the per-expert loop.
+"""MoE cost, measured side by side: expert dispatch backends, whole MoE FFN forms against a dense FFN of
+the same active FLOPs, and each balancer's per-step update.
 
-    PYTHONPATH=. python benchmarks/moe.py [--iters 10 --dtype fp32 --device cpu]
+    PYTHONPATH=. python benchmarks/moe.py [--iters 10 --dtype fp32 --device cpu] [--only experts|forms|balancers]
 
-For each size the candidates are timed interleaved (one call of each per round, order rotated every
-round) so clock/thermal drift hits all of them alike; medians are printed with ratios to the loop
-reference. Routing is random top-k with mildly uneven expert loads.
+1. experts: routed-expert forward+backward, grouped dispatch (grouped_mm, padded bmm) vs the per-expert loop
+   (random top-k routing with mildly uneven loads).
+2. forms: forward+backward of ``moe``, ``latent_moe`` and ``stable_latent_moe`` (router, dispatch, latent
+   projections, no shared experts) against a dense SiTU-GLU FFN whose hidden width gives the same
+   parameters per token (64 experts top-4, 4096 tokens). Target: grouped MoE <= 1.3x dense.
+3. balancers: one optimizer-step update of each balancer (statistics -> loss term or bias) after a
+   forward of the same layer, against that forward+backward.
+
+Candidates are timed interleaved (one call of each per round, order rotated every round) so clock and
+thermal drift hits all of them alike; medians are printed with ratios.
 """
 
 from __future__ import annotations
@@ -21,12 +29,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import medians  # noqa: E402
 from timing import time_interleaved as _time_interleaved  # noqa: E402
+from components.balancers.aux_loss import AuxLossConfig  # noqa: E402
+from components.balancers.none import NoBalancerConfig  # noqa: E402
+from components.balancers.qb import QBConfig  # noqa: E402
+from components.balancers.signsgd import SignSGDConfig  # noqa: E402
+from components.ffn.dense import DenseFFNConfig  # noqa: E402
 from components.ffn.experts import RoutedExperts, experts_reference, grouped_mm_supported  # noqa: E402
+from components.ffn.moe import LatentMoEConfig, MoEFFNConfig, StableLatentMoEConfig  # noqa: E402
 from components.ops.activations import glu_activation  # noqa: E402
+from components.registry import BALANCERS, FFNS  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # (tokens, experts, top_k, d_in, hidden m)
 SIZES = [(512, 8, 2, 256, 256), (2048, 16, 2, 256, 512), (4096, 64, 4, 128, 256)]
+# FFN-form comparison: tokens, d_model, experts, top_k, expert hidden m
+FORM_SIZE = (4096, 256, 64, 4, 128)
+FORMS = {"moe": MoEFFNConfig, "latent_moe": LatentMoEConfig, "stable_latent_moe": StableLatentMoEConfig}
+BALANCER_CONFIGS = {"none": NoBalancerConfig(), "aux_loss": AuxLossConfig(), "signsgd": SignSGDConfig(),
+                    "qb": QBConfig(), "qb-exact": QBConfig(estimator="exact")}
 
 
 def time_interleaved(fns: dict[str, Callable[[], None]], iters: int, warmup: int, device: torch.device) -> dict[str, float]:
@@ -42,16 +62,19 @@ def routing(N: int, E: int, k: int, device: torch.device, seed: int = 0) -> tupl
     return idx.to(device), (w / w.sum(1, keepdim=True)).to(device)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = p.parse_args()
-    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+def fwd_bwd(module: torch.nn.Module, x: torch.Tensor, gy: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        x.grad = None
+        for prm in module.parameters():
+            prm.grad = None
+        module(x).backward(gy)
+
+    return step
+
+
+def bench_experts(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
     act = glu_activation("situ_glu", beta=4.0, linear_beta=25.0)
-    print(f"torch {torch.__version__}, {device}, {args.dtype}, threads {torch.get_num_threads()}, median of {args.iters}")
+    print("\n[experts] routed experts forward+backward")
     print(f"{'tokens':>6} {'E':>4} {'k':>2} {'d':>5} {'m':>5} | {'loop ms':>9} {'grouped_mm ms':>13} {'padded_bmm ms':>13} | {'loop/grouped':>12} {'loop/padded':>11}")
     for N, E, k, d, m in SIZES:
         torch.manual_seed(0)
@@ -83,6 +106,85 @@ def main() -> None:
             f"{N:>6} {E:>4} {k:>2} {d:>5} {m:>5} | {1e3 * t['loop']:>9.2f} {1e3 * tg:>13.2f} {1e3 * t['padded_bmm']:>13.2f} | "
             f"{t['loop'] / tg:>12.2f} {t['loop'] / t['padded_bmm']:>11.2f}"
         )
+
+
+def build_forms(device: torch.device, dtype: torch.dtype) -> tuple[dict[str, torch.nn.Module], int]:
+    """The three MoE forms (no shared experts) and a dense FFN with the moe form's parameters per token."""
+    N, d, E, k, m = FORM_SIZE
+    modules = {}
+    for name, cls in FORMS.items():
+        cfg = cls(num_experts=E, top_k=k, expert_hidden_dim=m, num_shared_experts=0)
+        modules[name] = FFNS.build(cfg, d)
+    hidden = round(modules["moe"].active_params() / (3 * d))
+    modules["dense"] = FFNS.build(DenseFFNConfig(hidden_dim=hidden), d)
+    return {n: mod.to(device=device, dtype=dtype) for n, mod in modules.items()}, hidden
+
+
+def bench_forms(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
+    N, d, E, k, m = FORM_SIZE
+    torch.manual_seed(0)
+    modules, hidden = build_forms(device, dtype)
+    x = torch.randn(1, N, d, device=device, dtype=dtype, requires_grad=True)
+    gy = torch.randn(1, N, d, device=device, dtype=dtype)
+    t = time_interleaved({n: fwd_bwd(mod, x, gy) for n, mod in modules.items()}, args.iters, args.warmup, device)
+    print(f"\n[forms] FFN forward+backward, {N} tokens, d={d}, {E} experts top-{k}, m={m}; dense hidden {hidden} (same parameters per token)")
+    print(f"{'ffn':>18} | {'active params':>13} | {'ms':>8} | {'/ dense':>7}")
+    for n, mod in modules.items():
+        print(f"{n:>18} | {mod.active_params():>13,} | {1e3 * t[n]:>8.2f} | {t[n] / t['dense']:>7.2f}")
+
+
+def bench_balancers(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
+    N, d, E, k, m = FORM_SIZE
+    torch.manual_seed(0)
+    layer = FFNS.build(StableLatentMoEConfig(num_experts=E, top_k=k, expert_hidden_dim=m, num_shared_experts=0), d)
+    layer = layer.to(device=device, dtype=dtype)
+    x = torch.randn(1, N, d, device=device, dtype=dtype)
+    gy = torch.randn(1, N, d, device=device, dtype=dtype)
+
+    def train_step() -> None:
+        xg = x.detach().requires_grad_()
+        layer(xg).backward(gy)
+
+    fns = {"fwd+bwd": train_step}
+    for name, cfg in BALANCER_CONFIGS.items():
+        bal = BALANCERS.build(cfg)
+        bal.attach(layer)
+
+        def update(bal=bal) -> None:
+            bal.attach(layer)  # this balancer's statistics mode (they differ between estimators)
+            with torch.no_grad():
+                layer(x)
+            aux = bal.aux_loss(layer)
+            if aux is not None:
+                aux.detach()
+            bal.step(layer)
+
+        fns[name] = update
+    t = time_interleaved(fns, args.iters, args.warmup, device)
+    fwd = {}
+    with torch.no_grad():
+        fwd["forward"] = time_interleaved({"forward": lambda: layer(x)}, args.iters, args.warmup, device)["forward"]
+    t_fwd = medians(fwd)["forward"]
+    print(f"\n[balancers] stable_latent_moe layer, {N} tokens, {E} experts top-{k}: (forward + update) - forward, against forward+backward")
+    print(f"{'balancer':>10} | {'update ms':>9} | {'/ fwd+bwd':>9}")
+    for name in BALANCER_CONFIGS:
+        cost = max(0.0, t[name] - t_fwd)
+        print(f"{name:>10} | {1e3 * cost:>9.2f} | {cost / t['fwd+bwd']:>9.3f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--only", choices=["experts", "forms", "balancers"], default=None)
+    args = p.parse_args()
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    print(f"torch {torch.__version__}, {device}, {args.dtype}, threads {torch.get_num_threads()}, median of {args.iters}")
+    for name, fn in (("experts", bench_experts), ("forms", bench_forms), ("balancers", bench_balancers)):
+        if args.only in (None, name):
+            fn(args, device, dtype)
 
 
 if __name__ == "__main__":

@@ -6,15 +6,23 @@ Candidates: plain, full AttnRes, block AttnRes (block sizes 2, 4, 12), all the s
 timed interleaved in one process (one step of each per round, order rotated every round) so machine
 drift hits all alike; medians are reported as ratios to plain.
 
-Memory: on CPU, the bytes autograd saves for backward during the forward (unique storages seen by
-``saved_tensors_hooks``, parameters excluded): deterministic, and the part of peak memory the residual
-scheme changes. On CUDA, additionally the peak allocated memory of a step above the resident model and
-optimizer state (``torch.cuda.max_memory_allocated``).
+``--compile`` times torch.compile'd steps, as the trainer runs them on the CPU by default.
+
+Memory: the activation bytes a training forward leaves for backward, as resident memory after the forward
+minus before, in a fresh process per candidate (eager; Linux). A second table varies the depth at a fixed
+number of blocks (4) and prints each scheme's activation bytes above plain's: block AttnRes stays flat
+with depth (its extra memory follows the blocks), where keeping every read's output would grow by one
+[B, T, d] per sublayer. On CUDA, additionally the peak allocated memory of a step above the resident model
+and optimizer state (``torch.cuda.max_memory_allocated``).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
@@ -37,6 +45,7 @@ SCHEMES: dict[str, list[str]] = {
     "block2": ["residual=block_attnres", "residual.block_size=2"],
     "block4": ["residual=block_attnres", "residual.block_size=4"],
     "block12": ["residual=block_attnres", "residual.block_size=12"],
+    "block12-keep": ["residual=block_attnres", "residual.block_size=12", "residual.recompute=false"],
 }
 
 
@@ -60,11 +69,12 @@ def build(overrides: list[str], args: argparse.Namespace, device: torch.device) 
     return Decoder(root).to(device)
 
 
-def make_step(model: Decoder, ids: torch.Tensor, targets: torch.Tensor) -> Callable[[], None]:
+def make_step(model: Decoder, ids: torch.Tensor, targets: torch.Tensor, compile: bool = False) -> Callable[[], None]:
     opt = torch.optim.AdamW(adamw_param_groups(unique_trainable(model), 0.1), lr=1e-4)
+    forward = torch.compile(model, dynamic=False) if compile else model
 
     def step() -> None:
-        logits = model(ids)
+        logits = forward(ids)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
         loss.backward()
         opt.step()
@@ -73,22 +83,33 @@ def make_step(model: Decoder, ids: torch.Tensor, targets: torch.Tensor) -> Calla
     return step
 
 
-def saved_activation_bytes(model: Decoder, ids: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd keeps for backward over one forward (parameters excluded)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            seen[s.data_ptr()] = s.nbytes()  # saved tensors stay alive, so addresses are not reused
-        return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(ids).float().logsumexp(-1).mean()
-    total = sum(seen.values())
+def forward_activation_bytes(args: argparse.Namespace, overrides: list[str], n_layers: int) -> int:
+    """Resident bytes the training forward leaves for backward (RSS after forward minus before), measured
+    in a fresh process so allocations of other candidates cannot blur it; Linux only."""
+    cmd = [sys.executable, __file__, "--measure-forward", json.dumps(overrides), "--d-model", str(args.d_model),
+           "--n-layers", str(n_layers), "--seq", str(args.seq), "--batch", str(args.batch)]
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # big tensors in their own mappings: RSS tracks them
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    return int(out.split()[-1])
+
+
+def measure_forward(args: argparse.Namespace) -> None:
+    overrides = json.loads(args.measure_forward)
+    model = build(overrides, args, torch.device("cpu"))
+    ids = torch.randint(0, model.vocab_size, (args.batch, args.seq))
+    model(ids).float().logsumexp(-1).mean().backward()  # warm every allocation path once
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    before = _rss_bytes()
+    loss = model(ids).float().logsumexp(-1).mean()
+    after = _rss_bytes()
     del loss
-    return total
+    print(after - before)
 
 
 def cuda_step_peak(step: Callable[[], None], device: torch.device) -> int:
@@ -111,8 +132,14 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--backend", default=None, help="AttnRes read backend: torch | fla | auto (default: the YAML's)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--compile", action="store_true", help="time torch.compile'd steps (as trainer.compile does)")
     p.add_argument("--only", default=None, help="comma-separated subset of " + ",".join(SCHEMES))
+    p.add_argument("--depths", default="6,12,24", help="depths of the memory-vs-depth table ('' skips it)")
+    p.add_argument("--measure-forward", default=None, help=argparse.SUPPRESS)  # internal: one measurement
     args = p.parse_args()
+    if args.measure_forward:
+        measure_forward(args)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -126,8 +153,8 @@ def main() -> None:
     ids = torch.randint(0, vocab, (args.batch, args.seq + 1), generator=g).to(device)
     x, y = ids[:, :-1], ids[:, 1:]
 
-    activations = {name: saved_activation_bytes(m, x) for name, m in models.items()}
-    steps = {name: make_step(m, x, y) for name, m in models.items()}
+    activations = {name: forward_activation_bytes(args, SCHEMES[name], args.n_layers) for name in names}
+    steps = {name: make_step(m, x, y, args.compile) for name, m in models.items()}
     times = time_interleaved(steps, args.iters, args.warmup, device)
     peaks = {name: cuda_step_peak(steps[name], device) for name in names} if device.type == "cuda" else None
 
@@ -135,19 +162,34 @@ def main() -> None:
         f"device {device} ({torch.get_num_threads()} threads), d_model {args.d_model}, {args.n_layers} layers, "
         f"batch {args.batch} x seq {args.seq}, median of {args.iters} interleaved steps (fwd+bwd+AdamW)"
     )
-    header = f"{'scheme':<9} {'params':>11} {'step ms':>9} {'time/plain':>10} {'saved MiB':>10} {'saved/plain':>11}"
+    header = f"{'scheme':<12} {'params':>11} {'step ms':>9} {'time/plain':>10} {'act MiB':>9} {'act/plain':>9}"
     if peaks is not None:
         header += f" {'peak MiB':>9} {'peak/plain':>10}"
     print(header)
     for name in names:
         m = models[name]
         line = (
-            f"{name:<9} {m.num_params():>11,} {times[name] * 1e3:>9.1f} {times[name] / times['plain']:>10.3f} "
-            f"{activations[name] / 2**20:>10.1f} {activations[name] / activations['plain']:>11.3f}"
+            f"{name:<12} {m.num_params():>11,} {times[name] * 1e3:>9.1f} {times[name] / times['plain']:>10.3f} "
+            f"{activations[name] / 2**20:>9.1f} {activations[name] / activations['plain']:>9.3f}"
         )
         if peaks is not None:
             line += f" {peaks[name] / 2**20:>9.1f} {peaks[name] / peaks['plain']:>10.3f}"
         print(line)
+    if args.depths:
+        depth_table(args, [int(v) for v in args.depths.split(",")])
+
+
+def depth_table(args: argparse.Namespace, depths: list[int]) -> None:
+    """Activation MiB above plain at several depths, 4 blocks for the block scheme."""
+    print(f"\nactivation MiB above plain vs depth (block AttnRes: 4 blocks of L/4 layers)")
+    print(f"{'layers':>6} {'plain MiB':>10} {'block':>8} {'block keep':>10} {'full':>8}")
+    for L in depths:
+        block = ["residual=block_attnres", f"residual.block_size={max(1, L // 4)}"]
+        cands = {"plain": ["residual=plain"], "block": block, "block keep": [*block, "residual.recompute=false"],
+                 "full": ["residual=full_attnres"]}
+        act = {n: forward_activation_bytes(args, o, L) for n, o in cands.items()}
+        extra = {n: (act[n] - act["plain"]) / 2**20 for n in cands}
+        print(f"{L:>6} {act['plain'] / 2**20:>10.1f} {extra['block']:>8.1f} {extra['block keep']:>10.1f} {extra['full']:>8.1f}")
 
 
 if __name__ == "__main__":

@@ -61,13 +61,13 @@ class Decoder(nn.Module):
         for layer in self.layers:
             s = 2 * layer.index
             mixer_state = cache.layer(layer.index, layer.mixer, B) if cache is not None else None
-            h = self.residual.read(state, s)
-            state = self.residual.write(state, s, layer.mixer(layer.mixer_norm(h), state=mixer_state, offset=offset))
-            h = self.residual.read(state, s + 1)
-            state = self.residual.write(state, s + 1, layer.ffn(layer.ffn_norm(h)))
+            x = self.residual.read(state, s, layer.mixer_norm)
+            state = self.residual.write(state, s, layer.mixer(x, state=mixer_state, offset=offset))
+            x = self.residual.read(state, s + 1, layer.ffn_norm)
+            state = self.residual.write(state, s + 1, layer.ffn(x))
         if cache is not None:
             cache.seq_len += T
-        return self.norm(self.residual.finish(state))
+        return self.residual.finish(state, self.norm)
 
     def forward(self, input_ids: torch.Tensor, cache: Optional[DecoderCache] = None) -> torch.Tensor:
         return self.lm_head(self.hidden_states(input_ids, cache))

@@ -38,7 +38,7 @@ from torch import nn
 
 from components.balancers.base import Balancer
 from components.balancers.load_stats import all_reduce_sum_, find_routers, maxvio_metrics, reduced_loads, world_size
-from components.ffn.router import Router, histogram_range
+from components.ffn.router import Router, histogram_range, margin_histogram
 from components.registry import BALANCERS, ConfigError
 
 QB_ESTIMATORS = ("histogram", "exact", "interpolated")
@@ -91,6 +91,28 @@ def qb_bias_interpolated(r: torch.Tensor, top_k: int) -> torch.Tensor:
 
 def center(b: torch.Tensor) -> torch.Tensor:
     return b - b.mean()
+
+
+def quantile_balance_update(scores: torch.Tensor, bias: torch.Tensor, top_k: int, num_bins: Optional[int] = 1000) -> torch.Tensor:
+    """One QB step as a pure function: the centred new bias ``[N]`` for one batch of router scores.
+
+    scores: ``[M, N]`` after the router activation (sigmoid); bias: ``[N]``, the bias the batch was routed
+    with; ``num_bins=None`` takes the exact order statistic, otherwise K3's histogram estimate over
+    ``[min b - 1, max b + 1]``. With ``top_k >= N`` there is nothing to balance: the bias comes back
+    unchanged. The balancer below does the same from statistics gathered over micro-batches and ranks.
+    """
+    M, N = scores.shape
+    if top_k >= N:
+        return bias.clone()
+    s = scores.float()
+    cutoff = (s + bias.float()).topk(top_k + 1, dim=-1).values[:, -1]  # [M] (k+1)-th largest biased score
+    r = cutoff[:, None] - s  # [M, N] expert j takes token i iff r_ij < b_j
+    if num_bins is None:
+        new = qb_bias_exact(r, top_k)
+    else:
+        lo, hi = histogram_range(bias)
+        new = qb_bias_histogram(margin_histogram(r, lo, hi, num_bins), lo, hi, M, top_k)
+    return center(new).to(bias.dtype)
 
 
 def _all_gather_rows(r: torch.Tensor) -> torch.Tensor:

@@ -11,24 +11,30 @@ the final read sees all ``2 * n_layers + 1``. Memory: the state keeps every subl
 by one ``[B, T, d]`` tensor per sublayer (``2L + 1`` tensors at the end, O(L * B * T * d)), and the reads
 cost O(L^2) in total.
 
-``block_attnres`` (spec 7.2 / 7.3, K3's exact wiring): layers are grouped into blocks of ``block_size``
-decoder layers (2 * block_size sublayers). Inside a block plain summation builds a partial sum; a
-completed block is kept as one summary. A read attends over ``[embedding, block summaries..., partial]``.
-At a block start (``l % block_size == 0``) the pre-attention read still sees the just-finished block as
-the partial; it is sealed right after that read and the new partial starts from that layer's attention
-output. Layer 0's attention input is the embedding itself. Memory: the state holds at most
-``n_blocks + 1`` tensors (``n_blocks = (L - 1) // block_size + 1`` summaries, embedding included, plus
-the partial), never one per sublayer. K3 (93 layers, block 12): 8 summaries + partial, final read 9.
+``block_attnres`` (spec 7.2 / 7.3, K3's exact wiring): sublayers are grouped into blocks of B sublayers
+(``block_size`` decoder layers = 2 * block_size sublayers, or ``block_size`` sublayers with
+``block_unit=sublayers``). Inside a block plain summation builds a partial sum; a completed block is kept
+as one summary. A read attends over ``[embedding, block summaries..., partial]``. At a block start
+(``s % B == 0``) the read still sees the just-finished block as the partial; it is sealed right after
+that read and the new partial starts from that sublayer's output. Sublayer 0's input is the embedding
+itself. B = 1 sublayer is exactly ``full_attnres``; B >= 2L reads ``[embedding, partial]`` everywhere.
+Memory: the state holds at most ``n_blocks + 1`` tensors (``n_blocks = (2L - 1) // B + 1`` summaries,
+embedding included, plus the partial), never one per sublayer. K3 (93 layers, block 12 layers): 8
+summaries + partial, final read 9.
 
 K3 checkpoints hold each pseudo-query as a ``Linear(d, 1)`` weight ``[1, d]``; here it is a ``[d]`` vector.
 The sources keep the embedding's dtype (a bf16 sublayer output under autocast is cast up, as the plain
 residual sum would promote it).
 
-Under autograd every read saves references to its sources (no stacked copy) plus ``[S, B, T]`` weights,
-and its mixed output is saved by the following pre-norm, as the residual stream is for a plain model. So
-saved training activations differ little between full and block (both keep about two ``[B, T, d]``
-tensors per sublayer: a few percent over plain, see ``benchmarks/residual.py``); what full AttnRes adds
-is the O(L^2) read compute and the O(L) live state (decoding, pipeline stages), which blocks bound.
+Training memory (``recompute=true``, the default): each read and the pre-norm after it run under
+activation checkpointing, which saves only references to the read's sources and recomputes the read and
+the norm in backward. The mixed input and the softmax weights are never stored, so the saved activations
+are those of a plain residual (its stream tensor per sublayer is here the partial sum or, for full
+AttnRes, the sublayer output) plus the block summaries, which are partial sums saved anyway: memory grows
+with the number of blocks, not with the reads (``benchmarks/residual.py``). The price is one more read per
+sublayer in backward. ``recompute=false`` keeps every read's output (one more ``[B, T, d]`` per sublayer).
+Full AttnRes keeps every sublayer output live (O(L) state: decoding, pipeline stages) and costs O(L^2)
+read compute; blocks bound both.
 
 Depth-weight diagnostics: with ``record_weights = True`` (a validation callback sets it) every read
 accumulates its softmax weights averaged over batch and positions; ``depth_weights()`` returns the
@@ -43,6 +49,7 @@ from typing import Any, NamedTuple, Optional, Union
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from components.nn.rmsnorm import RMSNorm
 from components.ops.attnres import attnres_read
@@ -69,23 +76,36 @@ class FullAttnResConfig:
     backend: str = "torch"
     # epsilon of the key RMSNorm inside each read (K3: 1e-5); independent of model.norm_eps
     eps: float = 1e-5
+    # training: recompute each read and its pre-norm in backward instead of saving the mixed input
+    recompute: bool = True
 
     def validate(self, root: Any, key: str) -> None:
         _validate_common(self, root, key)
+
+
+BLOCK_UNITS = ("layers", "sublayers")
 
 
 @dataclass
 class BlockAttnResConfig:
     name: str = "block_attnres"
-    # decoder layers per block (each layer = 2 sublayers); K3: 12. Larger than n_layers means one block.
+    # block length, counted in block_unit; K3: 12 layers. Longer than the model means one block.
     block_size: int = 12
+    # layers (a decoder layer = its attention and FFN sublayers) or sublayers; 1 sublayer = full AttnRes
+    block_unit: str = "layers"
     backend: str = "torch"
     eps: float = 1e-5
+    recompute: bool = True
 
     def validate(self, root: Any, key: str) -> None:
         if self.block_size < 1:
-            raise ConfigError(f"{key}.block_size", f"must be >= 1 (decoder layers per block), got {self.block_size}")
+            raise ConfigError(f"{key}.block_size", f"must be >= 1 ({self.block_unit} per block), got {self.block_size}")
+        if self.block_unit not in BLOCK_UNITS:
+            raise ConfigError(f"{key}.block_unit", f"must be one of {', '.join(BLOCK_UNITS)}, got '{self.block_unit}'")
         _validate_common(self, root, key)
+
+    def sublayers_per_block(self) -> int:
+        return self.block_size * (2 if self.block_unit == "layers" else 1)
 
 
 def sublayer_label(s: ReadKey) -> str:
@@ -150,15 +170,23 @@ class _AttnResBase(nn.Module):
         return self.mlp_res_proj[layer], self.mlp_res_norm[layer].weight
 
     # -- the read -----------------------------------------------------------------------------
-    def _read(self, sources: list[torch.Tensor], key: ReadKey) -> torch.Tensor:
-        """``R(sources; w_key, gamma_key)``; sources oldest first, each ``[B, T, d]``."""
+    def _read(self, sources: list[torch.Tensor], key: ReadKey, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """``norm(R(sources; w_key, gamma_key))``; sources oldest first, each ``[B, T, d]``."""
         query, gain = self._params_for(key)
+        if self.record_weights:
+            h, weights = attnres_read(sources, query, gain, self.eps, return_weights=True, backend=self.backend)
+            self._record(key, weights)  # weights: [S, B, T]
+            return h if norm is None else norm(h)
+        if self.cfg.recompute and norm is not None and torch.is_grad_enabled():
+            # save only the sources (references: they are saved or live anyway) and recompute read + norm in
+            # backward: the mixed input is never kept, so saved activations stay those of a plain residual
+            return checkpoint(self._read_and_norm, query, gain, norm, *sources, use_reentrant=False)
+        return self._read_and_norm(query, gain, norm, *sources)
+
+    def _read_and_norm(self, query: torch.Tensor, gain: torch.Tensor, norm: Optional[nn.Module], *sources: torch.Tensor) -> torch.Tensor:
         # a list, not a stack: autograd then keeps references to the sources instead of a copy per read
-        if not self.record_weights:
-            return attnres_read(sources, query, gain, self.eps, backend=self.backend)
-        h, weights = attnres_read(sources, query, gain, self.eps, return_weights=True, backend=self.backend)
-        self._record(key, weights)  # weights: [S, B, T]
-        return h
+        h = attnres_read(list(sources), query, gain, self.eps, backend=self.backend)
+        return h if norm is None else norm(h)
 
     # -- depth-weight diagnostics ---------------------------------------------------------------
     def _record(self, key: ReadKey, weights: torch.Tensor) -> None:
@@ -222,19 +250,19 @@ class FullAttnRes(_AttnResBase):
     def start(self, x0: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (x0,)
 
-    def read(self, state: tuple[torch.Tensor, ...], sublayer: int) -> torch.Tensor:
+    def read(self, state: tuple[torch.Tensor, ...], sublayer: int, norm: Optional[nn.Module] = None) -> torch.Tensor:
         if len(state) != sublayer + 1:
             raise RuntimeError(f"full_attnres: read of sublayer {sublayer} with {len(state)} sources (expected {sublayer + 1})")
         # sublayer 0 has one source: weight exactly 1, so h is the embedding (the query still joins the graph)
-        return self._read(list(state), sublayer)
+        return self._read(list(state), sublayer, norm)
 
     def write(self, state: tuple[torch.Tensor, ...], sublayer: int, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # under autocast a sublayer may return bf16 while the stream (the embedding) is fp32; a read needs
         # one dtype across its sources, and a plain residual would have promoted the sum to fp32 anyway
         return (*state, out.to(state[0].dtype))
 
-    def finish(self, state: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        return self._read(list(state), "final")
+    def finish(self, state: tuple[torch.Tensor, ...], norm: Optional[nn.Module] = None) -> torch.Tensor:
+        return self._read(list(state), "final", norm)
 
     def _count(self, key: ReadKey) -> int:
         return 2 * self.n_layers + 1 if key == "final" else key + 1
@@ -257,39 +285,34 @@ class BlockAttnRes(_AttnResBase):
 
     def __init__(self, cfg: BlockAttnResConfig, d_model: int, n_layers: int, norm_eps: float = 1e-5):
         super().__init__(cfg, d_model, n_layers, norm_eps)
-        self.block_size = cfg.block_size
+        self.block_sublayers = cfg.sublayers_per_block()
         # summaries kept at the final read: the embedding plus every block started before the last one
-        self.n_blocks = (n_layers - 1) // self.block_size + 1
+        self.n_blocks = (2 * n_layers - 1) // self.block_sublayers + 1
 
     def start(self, x0: torch.Tensor) -> BlockState:
         return BlockState((), x0)
 
-    def read(self, state: BlockState, sublayer: int) -> torch.Tensor:
+    def read(self, state: BlockState, sublayer: int, norm: Optional[nn.Module] = None) -> torch.Tensor:
         # before layer 0 there is no block yet: a one-source read (weight exactly 1) of the embedding,
         # so h is the embedding and the layer-0 query still joins the graph (DDP without unused params)
-        return self._read([*state.blocks, state.partial], sublayer)
+        return self._read([*state.blocks, state.partial], sublayer, norm)
 
     def write(self, state: BlockState, sublayer: int, out: torch.Tensor) -> BlockState:
-        layer = sublayer // 2
-        if sublayer % 2 == 0 and layer % self.block_size == 0:
-            # block start: seal the finished partial (the embedding at layer 0) after the pre-attention
-            # read, and start the new partial from this attention output
+        if sublayer % self.block_sublayers == 0:
+            # block start: seal the finished partial (the embedding at sublayer 0) after this sublayer's
+            # read, and start the new partial from its output
             # (cast: under autocast the sublayer may return bf16 while the stream is fp32)
             return BlockState((*state.blocks, state.partial), out.to(state.partial.dtype))
         return BlockState(state.blocks, state.partial + out)
 
-    def finish(self, state: BlockState) -> torch.Tensor:
-        return self._read([*state.blocks, state.partial], "final")
+    def finish(self, state: BlockState, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        return self._read([*state.blocks, state.partial], "final", norm)
 
     def _count(self, key: ReadKey) -> int:
-        bs = self.block_size
         if key == "final":
             return self.n_blocks + 1
-        layer = key // 2
-        if key % 2 == 0:
-            # blocks sealed at layers 0, bs, 2bs, ... strictly before this layer, plus the partial
-            return 1 if layer == 0 else (layer - 1) // bs + 2
-        return layer // bs + 2  # this layer's seal has happened
+        # seals at sublayers 0, B, 2B, ... strictly before this read, plus the partial
+        return 1 if key == 0 else (key - 1) // self.block_sublayers + 2
 
     def source_labels(self) -> list[str]:
         return ["embedding"] + [f"block {i}" for i in range(1, self.n_blocks)] + ["partial"]

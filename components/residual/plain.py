@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -27,14 +27,14 @@ class PlainResidual(nn.Module):
     def start(self, x0: torch.Tensor) -> torch.Tensor:
         return x0
 
-    def read(self, state: torch.Tensor, sublayer: int) -> torch.Tensor:
-        return state
+    def read(self, state: torch.Tensor, sublayer: int, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        return state if norm is None else norm(state)
 
     def write(self, state: torch.Tensor, sublayer: int, out: torch.Tensor) -> torch.Tensor:
         return state + out
 
-    def finish(self, state: torch.Tensor) -> torch.Tensor:
-        return state
+    def finish(self, state: torch.Tensor, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        return state if norm is None else norm(state)
 
     def sources_per_read(self) -> Any:
         return None

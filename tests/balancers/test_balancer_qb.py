@@ -245,3 +245,51 @@ def test_top_k_equal_to_num_experts_leaves_bias_unchanged():
             warnings.simplefilter("error")
             bal.step(r)
         assert torch.equal(r.e_score_correction_bias, torch.zeros(4))
+
+
+# -- the functional entry point on a fixed skewed score distribution ---------------------------------------
+def fixed_skewed_scores(M=4096, N=16, offset=0.9, seed=0):
+    """Sigmoid scores whose logits carry a per-expert offset in [-offset, offset]: high ids are favoured."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.sigmoid(torch.randn(M, N, generator=g) + torch.linspace(-offset, offset, N))
+
+
+def _loads(scores, bias, k):
+    return torch.bincount((scores + bias).topk(k, dim=1).indices.flatten(), minlength=scores.shape[1])
+
+
+@pytest.mark.parametrize("num_bins", [1000, None])
+def test_quantile_balance_update_cuts_maxvio_and_beats_signsgd(num_bins):
+    s, k = fixed_skewed_scores(), 2
+    bias = torch.zeros(16)
+    start = float(maxvio(_loads(s, bias, k)))
+    assert 1.6 < start < 2.0  # about 1.8
+    bias = qb.quantile_balance_update(s, bias, k, num_bins=num_bins)
+    assert float(maxvio(_loads(s, bias, k))) < 0.35  # one step
+    assert abs(float(bias.mean())) < 1e-6  # centred
+    for _ in range(9):
+        bias = qb.quantile_balance_update(s, bias, k, num_bins=num_bins)
+    assert float(maxvio(_loads(s, bias, k))) < 0.1  # repeated steps
+    # SignSGD (u = 1e-3), the loss-free bias K3 replaced, after as many steps
+    sign_bias = torch.zeros(16)
+    for _ in range(10):
+        load = _loads(s, sign_bias, k).float()
+        sign_bias += 1e-3 * torch.sign(load.mean() - load)
+    assert float(maxvio(_loads(s, sign_bias, k))) > 0.9 * start
+
+
+def test_quantile_balance_update_histogram_within_one_bin_and_shard_invariant():
+    s, k = fixed_skewed_scores(), 2
+    bias = torch.randn(16, generator=torch.Generator().manual_seed(3)) * 0.2
+    exact = qb.quantile_balance_update(s, bias, k, num_bins=None)
+    hist = qb.quantile_balance_update(s, bias, k, num_bins=1000)
+    lo, hi = histogram_range(bias)
+    assert (exact - hist).abs().max() <= (hi - lo) / 1000 + 1e-6
+    # the histogram of any split of the tokens into shards equals the unsplit one
+    cutoff = (s + bias).topk(k + 1, dim=1).values[:, -1]
+    r = cutoff[:, None] - s
+    whole = margin_histogram(r, lo, hi, 1000)
+    for cuts in ([1000, 3096], [1, 2047, 2048], [7, 500, 1500, 2089]):
+        assert torch.equal(sum(margin_histogram(part, lo, hi, 1000) for part in r.split(cuts)), whole)
+    # top-k >= N: nothing to balance
+    assert torch.equal(qb.quantile_balance_update(s[:, :2], bias[:2], 2), bias[:2])

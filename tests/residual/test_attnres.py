@@ -26,11 +26,11 @@ TIGHT = dict(rtol=1e-12, atol=1e-12)
 
 # ---------------------------------------------------------------- helpers
 
-def make_scheme(kind: str, d: int, n_layers: int, block_size: int = 2, random_params: bool = True, seed: int = 0):
+def make_scheme(kind: str, d: int, n_layers: int, block_size: int = 2, random_params: bool = True, seed: int = 0, unit: str = "layers"):
     if kind == "full":
         scheme = FullAttnRes(FullAttnResConfig(), d, n_layers, EPS)
     else:
-        scheme = BlockAttnRes(BlockAttnResConfig(block_size=block_size), d, n_layers, EPS)
+        scheme = BlockAttnRes(BlockAttnResConfig(block_size=block_size, block_unit=unit), d, n_layers, EPS)
     scheme = scheme.double()
     if random_params:
         g = torch.Generator().manual_seed(seed)
@@ -147,20 +147,42 @@ def test_full_wiring_equals_spec_transcription(n_layers):
     torch.testing.assert_close(y, ref_y, **TIGHT)
 
 
-def test_full_and_block_differ_beyond_layer_zero():
-    """Blocks are counted in layers, so no block size reproduces full AttnRes (it would need one block per
-    sublayer, fla's attnres_block_size=1); they agree only on layer 0, whose sources coincide."""
+def test_block_of_one_sublayer_equals_full():
     d, n_layers = 16, 3
     x0, subs = inputs(d=d), dummy_sublayers(2 * n_layers, d)
     full = make_scheme("full", d, n_layers)
-    block = make_scheme("block", d, n_layers, block_size=1)
+    block = make_scheme("block", d, n_layers, block_size=1, unit="sublayers")
     block.load_state_dict(full.state_dict())
     full_reads, full_y = run_scheme(full, x0, subs)
     block_reads, block_y = run_scheme(block, x0, subs)
-    torch.testing.assert_close(block_reads[0], full_reads[0], **TIGHT)
-    torch.testing.assert_close(block_reads[1], full_reads[1], **TIGHT)
-    assert not torch.allclose(block_reads[2], full_reads[2])
-    assert not torch.allclose(block_y, full_y)
+    for b, f in zip(block_reads, full_reads):
+        torch.testing.assert_close(b, f, **TIGHT)
+    torch.testing.assert_close(block_y, full_y, **TIGHT)
+    assert block.sources_per_read() == full.sources_per_read()
+    # a block of one LAYER (two sublayers) is not full AttnRes: they part after layer 0
+    layer_block = make_scheme("block", d, n_layers, block_size=1)
+    layer_block.load_state_dict(full.state_dict())
+    layer_reads, layer_y = run_scheme(layer_block, x0, subs)
+    torch.testing.assert_close(layer_reads[1], full_reads[1], **TIGHT)
+    assert not torch.allclose(layer_reads[2], full_reads[2])
+    assert not torch.allclose(layer_y, full_y)
+
+
+@pytest.mark.parametrize("block_size,unit", [(3, "layers"), (50, "layers"), (6, "sublayers"), (7, "sublayers")])
+def test_block_longer_than_the_model_reads_embedding_and_one_partial(block_size, unit):
+    d, n_layers = 16, 3
+    x0, subs = inputs(d=d), dummy_sublayers(2 * n_layers, d)
+    scheme = make_scheme("block", d, n_layers, block_size=block_size, unit=unit)
+    assert scheme.sources_per_read() == [(0, 1)] + [(s, 2) for s in range(1, 2 * n_layers)] + [("final", 2)]
+    reads, y = run_scheme(scheme, x0, subs)
+    partial = torch.zeros_like(x0)
+    for s, f in enumerate(subs):
+        if s > 0:
+            q, gain = q_and_gain(scheme, s)
+            torch.testing.assert_close(reads[s], attnres_read_reference([x0, partial], q, gain, EPS), **TIGHT)
+        partial = partial + f(reads[s])
+    q, gain = q_and_gain(scheme, "final")
+    torch.testing.assert_close(y, attnres_read_reference([x0, partial], q, gain, EPS), **TIGHT)
 
 
 @pytest.mark.parametrize("kind,block_size", [("full", None), ("block", 1), ("block", 2), ("block", 50)])
@@ -292,7 +314,8 @@ def test_full_state_keeps_every_sublayer_output():
 
 # ---------------------------------------------------------------- the decoder
 
-RESIDUALS = [("full_attnres",), ("block_attnres", "residual.block_size=2"), ("block_attnres", "residual.block_size=1"), ("block_attnres", "residual.block_size=9")]
+RESIDUALS = [("full_attnres",), ("block_attnres", "residual.block_size=2"), ("block_attnres", "residual.block_size=1"), ("block_attnres", "residual.block_size=9"),
+             ("block_attnres", "residual.block_size=3", "residual.block_unit=sublayers")]
 
 
 def tiny_model(*overrides, seed=0):
@@ -473,3 +496,20 @@ def test_callback_does_nothing_for_plain_residual(tmp_path):
     cb.on_validation_start(trainer, module)
     cb.on_validation_end(trainer, module)
     assert not (tmp_path / "depth_weights.json").exists() and not logged
+
+
+@pytest.mark.parametrize("residual", [["residual=block_attnres", "residual.block_size=1"], ["residual=full_attnres"]])
+def test_recomputed_reads_give_the_same_gradients(residual):
+    grads = {}
+    for recompute in (True, False):
+        torch.manual_seed(0)
+        model = Decoder(compose_root("model=tiny", "model.n_layers=3", *residual, f"residual.recompute={str(recompute).lower()}")).double()
+        with torch.no_grad():
+            for q in model.residual._queries():
+                q.normal_(std=0.5)
+        ids = torch.randint(0, model.vocab_size, (2, 10), generator=torch.Generator().manual_seed(1))
+        model(ids).logsumexp(-1).mean().backward()
+        grads[recompute] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert grads[True].keys() == grads[False].keys()
+    for n in grads[True]:
+        torch.testing.assert_close(grads[True][n], grads[False][n], rtol=1e-10, atol=1e-12, msg=n)

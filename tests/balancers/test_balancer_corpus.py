@@ -1,0 +1,42 @@
+"""End to end: a MoE decoder trained on the embedded corpus logs MaxVio falling under QB and SignSGD and
+staying high without a balancer (slow: three short training runs)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from components.training.jsonl_logger import read_metrics
+from tests.conftest import run_train
+
+STEPS = 200
+COMMON = [
+    "model=tiny", "ffn=stable_latent_moe", "ffn.num_experts=16", "ffn.top_k=2", "data.seq_len=64", "data.batch_size=16",
+    "data.val_tokens=2048", f"trainer.max_steps={STEPS}", "trainer.val_check_interval=100000", "trainer.compile=false",
+    "trainer.max_time_minutes=null", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1", "logger=csv",
+]
+
+
+def maxvio_curve(root: Path) -> list[float]:
+    (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
+    rows = read_metrics(str(run_dir / "metrics.jsonl"))
+    return [r["balance/maxvio/mean"] for r in rows if "balance/maxvio/mean" in r]
+
+
+@pytest.mark.slow
+def test_maxvio_falls_with_qb_and_signsgd_and_stays_high_without(tmp_path):
+    curves = {}
+    for balancer in ("none", "signsgd", "qb"):
+        result = run_train(*COMMON, f"balancer={balancer}", f"output_root={tmp_path / balancer}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        curves[balancer] = maxvio_curve(tmp_path / balancer)
+        assert len(curves[balancer]) == STEPS
+    early = {b: statistics.mean(c[:10]) for b, c in curves.items()}
+    late = {b: statistics.mean(c[-20:]) for b, c in curves.items()}
+    print({b: (round(early[b], 3), round(late[b], 3)) for b in curves})
+    assert late["qb"] < 0.5 * early["qb"]
+    assert late["signsgd"] < 0.8 * early["signsgd"]
+    assert late["none"] > 0.8 * early["none"]
+    assert late["qb"] < late["signsgd"] < late["none"]
