@@ -126,8 +126,11 @@ def bench_forms(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     modules, hidden = build_forms(device, dtype)
     x = torch.randn(1, N, d, device=device, dtype=dtype, requires_grad=True)
     gy = torch.randn(1, N, d, device=device, dtype=dtype)
+    if args.compile:
+        modules = {n: torch.compile(mod, dynamic=False) for n, mod in modules.items()}
     t = time_interleaved({n: fwd_bwd(mod, x, gy) for n, mod in modules.items()}, args.iters, args.warmup, device)
-    print(f"\n[forms] FFN forward+backward, {N} tokens, d={d}, {E} experts top-{k}, m={m}; dense hidden {hidden} (same parameters per token)")
+    mode = "compiled" if args.compile else "eager"
+    print(f"\n[forms] FFN forward+backward ({mode}), {N} tokens, d={d}, {E} experts top-{k}, m={m}; dense hidden {hidden} (same parameters per token)")
     print(f"{'ffn':>18} | {'active params':>13} | {'ms':>8} | {'/ dense':>7}")
     for n, mod in modules.items():
         print(f"{n:>18} | {mod.active_params():>13,} | {1e3 * t[n]:>8.2f} | {t[n] / t['dense']:>7.2f}")
@@ -145,7 +148,11 @@ def bench_balancers(args: argparse.Namespace, device: torch.device, dtype: torch
         xg = x.detach().requires_grad_()
         layer(xg).backward(gy)
 
-    fns = {"fwd+bwd": train_step}
+    def forward_only() -> None:
+        with torch.no_grad():
+            layer(x)
+
+    fns = {"fwd+bwd": train_step, "forward": forward_only}
     for name, cfg in BALANCER_CONFIGS.items():
         bal = BALANCERS.build(cfg)
         bal.attach(layer)
@@ -161,10 +168,7 @@ def bench_balancers(args: argparse.Namespace, device: torch.device, dtype: torch
 
         fns[name] = update
     t = time_interleaved(fns, args.iters, args.warmup, device)
-    fwd = {}
-    with torch.no_grad():
-        fwd["forward"] = time_interleaved({"forward": lambda: layer(x)}, args.iters, args.warmup, device)["forward"]
-    t_fwd = medians(fwd)["forward"]
+    t_fwd = t["forward"]
     print(f"\n[balancers] stable_latent_moe layer, {N} tokens, {E} experts top-{k}: (forward + update) - forward, against forward+backward")
     print(f"{'balancer':>10} | {'update ms':>9} | {'/ fwd+bwd':>9}")
     for name in BALANCER_CONFIGS:
@@ -179,6 +183,7 @@ def main() -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--only", choices=["experts", "forms", "balancers"], default=None)
+    p.add_argument("--compile", action="store_true", help="forms: time torch.compile'd modules (as trainer.compile does)")
     args = p.parse_args()
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     print(f"torch {torch.__version__}, {device}, {args.dtype}, threads {torch.get_num_threads()}, median of {args.iters}")

