@@ -1,0 +1,38 @@
+"""train.py with AttnRes on the corpus and on MQAR: depth weights reach the logs and render as a PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis.depth_weights import main as plot_main
+from components.training.jsonl_logger import read_metrics
+from tests.conftest import run_train
+
+DATA = {
+    "corpus": ["data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048"],
+    "mqar": ["data.num_val_examples=64"],
+}
+
+
+@pytest.mark.parametrize("residual", [["residual=block_attnres", "residual.block_size=2"], ["residual=full_attnres"]], ids=["block2", "full"])
+@pytest.mark.parametrize("data", sorted(DATA))
+def test_attnres_trains_and_logs_depth_weights(tmp_path, residual, data):
+    result = run_train(*residual, f"data={data}", *DATA[data], "model=tiny", "model.n_layers=4", "trainer.max_steps=4",
+                       "trainer.val_check_interval=2", "trainer.compile=false", "trainer.max_time_minutes=null",
+                       "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1", "logger=csv", f"output_root={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
+    history = json.loads((run_dir / "depth_weights.json").read_text())
+    assert [e["step"] for e in history][-1] == 4 and len(history) >= 2
+    rows = history[-1]["rows"]
+    assert len(rows) == 2 * 4 + 1 and rows[-1]["sublayer"] == "final"
+    for row in rows:
+        assert sum(w for w in row["weights"] if w is not None) == pytest.approx(1.0, abs=1e-6)
+    logged = [r for r in read_metrics(str(run_dir / "metrics.jsonl")) if any(k.startswith("depth/") for k in r)]
+    assert logged and "depth/final/embedding" in logged[-1]
+    out = tmp_path / "depth.png"
+    assert plot_main([str(run_dir), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
