@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python benchmarks/residual.py [--iters 5 --device cpu --threads 1 --d-model 256 --n-layers 12 --seq 256 --batch 8]
 
-Candidates: plain, full AttnRes, block AttnRes (block sizes 2, 4, 12), all the same decoder otherwise and
+Candidates: plain, full AttnRes, block AttnRes (block sizes 2, 4, 12 layers; and 3 sublayers, which gives a
+12-layer model K3's 8 block summaries and 9-source final read), all the same decoder otherwise and
 timed interleaved in one process (one step of each per round, order rotated every round) so machine
 drift hits all alike; medians are reported as ratios to plain.
 
@@ -46,6 +47,8 @@ SCHEMES: dict[str, list[str]] = {
     "block4": ["residual=block_attnres", "residual.block_size=4"],
     "block12": ["residual=block_attnres", "residual.block_size=12"],
     "block12-keep": ["residual=block_attnres", "residual.block_size=12", "residual.recompute=false"],
+    # K3's block count: 8 summaries (embedding + 7 blocks) and a 9-source final read, as over K3's 93 layers
+    "k3blocks": ["residual=block_attnres", "residual.block_size=3", "residual.block_unit=sublayers"],
 }
 
 
