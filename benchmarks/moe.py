@@ -6,9 +6,12 @@ the same active FLOPs, and each balancer's per-step update.
 1. experts: routed-expert forward+backward, grouped dispatch (grouped_mm, padded bmm) vs the per-expert loop
    (random top-k routing with mildly uneven loads).
 2. forms: forward+backward of ``moe``, ``latent_moe`` and ``stable_latent_moe`` (router, dispatch, latent
-   projections, no shared experts) against a dense SiTU-GLU FFN whose hidden width gives the same
-   parameters per token (64 experts top-4, 4096 tokens). Target: grouped MoE <= 1.3x dense.
-3. balancers: one optimizer-step update of each balancer (statistics -> loss term or bias) after a
+   projections, no shared experts), each against a dense SiTU-GLU FFN whose hidden width gives the same
+   parameters per token (default 4096 tokens, d 512, 64 experts top-4 of width 256; ``--form-size``).
+   Target: grouped MoE <= 1.3x dense.
+3. products: the floor under any dispatch, one expert matrix product as grouped_mm / bmm vs one dense
+   product of the same FLOPs.
+4. balancers: one optimizer-step update of each balancer (statistics -> loss term or bias) after a
    forward of the same layer, against that forward+backward.
 
 Candidates are timed interleaved (one call of each per round, order rotated every round) so clock and
@@ -43,7 +46,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # (tokens, experts, top_k, d_in, hidden m)
 SIZES = [(512, 8, 2, 256, 256), (2048, 16, 2, 256, 512), (4096, 64, 4, 128, 256)]
 # FFN-form comparison: tokens, d_model, experts, top_k, expert hidden m
-FORM_SIZE = (4096, 256, 64, 4, 128)
+FORM_SIZE = "4096,512,64,4,256"
 FORMS = {"moe": MoEFFNConfig, "latent_moe": LatentMoEConfig, "stable_latent_moe": StableLatentMoEConfig}
 BALANCER_CONFIGS = {"none": NoBalancerConfig(), "aux_loss": AuxLossConfig(), "signsgd": SignSGDConfig(),
                     "qb": QBConfig(), "qb-exact": QBConfig(estimator="exact")}
@@ -108,36 +111,65 @@ def bench_experts(args: argparse.Namespace, device: torch.device, dtype: torch.d
         )
 
 
-def build_forms(device: torch.device, dtype: torch.dtype) -> tuple[dict[str, torch.nn.Module], int]:
-    """The three MoE forms (no shared experts) and a dense FFN with the moe form's parameters per token."""
-    N, d, E, k, m = FORM_SIZE
+def form_size(args: argparse.Namespace) -> tuple[int, int, int, int, int]:
+    """(tokens, d_model, experts, top_k, expert hidden m)."""
+    return tuple(int(v) for v in args.form_size.split(","))  # type: ignore[return-value]
+
+
+def build_forms(size: tuple[int, int, int, int, int], device: torch.device, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
+    """The three MoE forms (no shared experts), each with a dense FFN of the same parameters per token
+    (``dense=<form>``); the latent forms multiply fewer weights per token, so each gets its own."""
+    N, d, E, k, m = size
     modules = {}
     for name, cls in FORMS.items():
         cfg = cls(num_experts=E, top_k=k, expert_hidden_dim=m, num_shared_experts=0)
         modules[name] = FFNS.build(cfg, d)
-    hidden = round(modules["moe"].active_params() / (3 * d))
-    modules["dense"] = FFNS.build(DenseFFNConfig(hidden_dim=hidden), d)
-    return {n: mod.to(device=device, dtype=dtype) for n, mod in modules.items()}, hidden
+        hidden = round(modules[name].active_params() / (3 * d))
+        modules[f"dense={name}"] = FFNS.build(DenseFFNConfig(hidden_dim=hidden), d)
+    return {n: mod.to(device=device, dtype=dtype) for n, mod in modules.items()}
 
 
 def bench_forms(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
-    N, d, E, k, m = FORM_SIZE
+    N, d, E, k, m = form_size(args)
     torch.manual_seed(0)
-    modules, hidden = build_forms(device, dtype)
+    modules = build_forms(form_size(args), device, dtype)
+    active = {n: mod.active_params() for n, mod in modules.items()}
     x = torch.randn(1, N, d, device=device, dtype=dtype, requires_grad=True)
     gy = torch.randn(1, N, d, device=device, dtype=dtype)
     if args.compile:
         modules = {n: torch.compile(mod, dynamic=False) for n, mod in modules.items()}
     t = time_interleaved({n: fwd_bwd(mod, x, gy) for n, mod in modules.items()}, args.iters, args.warmup, device)
     mode = "compiled" if args.compile else "eager"
-    print(f"\n[forms] FFN forward+backward ({mode}), {N} tokens, d={d}, {E} experts top-{k}, m={m}; dense hidden {hidden} (same parameters per token)")
-    print(f"{'ffn':>18} | {'active params':>13} | {'ms':>8} | {'/ dense':>7}")
-    for n, mod in modules.items():
-        print(f"{n:>18} | {mod.active_params():>13,} | {1e3 * t[n]:>8.2f} | {t[n] / t['dense']:>7.2f}")
+    print(f"\n[forms] FFN forward+backward ({mode}, {args.dtype}), {N} tokens, d={d}, {E} experts top-{k}, m={m}, no shared experts")
+    print(f"{'ffn':>18} | {'active params':>13} | {'ms':>8} | {'dense ms':>8} | {'/ dense':>7}")
+    for n in FORMS:
+        dense = f"dense={n}"
+        print(f"{n:>18} | {active[n]:>13,} | {1e3 * t[n]:>8.2f} | {1e3 * t[dense]:>8.2f} | {t[n] / t[dense]:>7.2f}")
+
+
+def bench_products(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
+    """The floor under any dispatch: one expert matrix product (fwd+bwd) over all routed rows, as torch's
+    grouped product, as a batched product of equal groups, and as one dense product of the same FLOPs."""
+    N, d, E, k, m = form_size(args)
+    rows = N * k // E
+    x = torch.randn(E * rows, d, device=device, dtype=dtype, requires_grad=True)
+    w = torch.randn(E, m, d, device=device, dtype=dtype, requires_grad=True)
+    g = torch.randn(E * rows, m, device=device, dtype=dtype)
+    offs = torch.arange(1, E + 1, device=device, dtype=torch.int32) * rows
+    xd = torch.randn(N, d, device=device, dtype=dtype, requires_grad=True)
+    wd = torch.randn(k * m, d, device=device, dtype=dtype, requires_grad=True)
+    gd = torch.randn(N, k * m, device=device, dtype=dtype)
+    fns = {"dense mm": lambda: (xd @ wd.T).backward(gd), "bmm": lambda: torch.bmm(x.view(E, rows, d), w.transpose(1, 2)).backward(g.view(E, rows, m))}
+    if grouped_mm_supported(x, w.transpose(-2, -1)):
+        fns["grouped_mm"] = lambda: torch.nn.functional.grouped_mm(x, w.transpose(-2, -1), offs=offs).backward(g)
+    t = time_interleaved(fns, args.iters, args.warmup, device)
+    print(f"\n[products] one expert matrix fwd+bwd: {E} groups of {rows} x {d} -> {m} vs dense {N} x {d} -> {k * m} (same FLOPs)")
+    for n in fns:
+        print(f"{n:>12} | {1e3 * t[n]:>8.2f} ms | {t[n] / t['dense mm']:>5.2f}x dense")
 
 
 def bench_balancers(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
-    N, d, E, k, m = FORM_SIZE
+    N, d, E, k, m = form_size(args)
     torch.manual_seed(0)
     layer = FFNS.build(StableLatentMoEConfig(num_experts=E, top_k=k, expert_hidden_dim=m, num_shared_experts=0), d)
     layer = layer.to(device=device, dtype=dtype)
@@ -182,12 +214,13 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--only", choices=["experts", "forms", "balancers"], default=None)
+    p.add_argument("--only", choices=["experts", "products", "forms", "balancers"], default=None)
     p.add_argument("--compile", action="store_true", help="forms: time torch.compile'd modules (as trainer.compile does)")
+    p.add_argument("--form-size", default=FORM_SIZE, help="forms and balancers: tokens,d_model,experts,top_k,expert_hidden")
     args = p.parse_args()
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     print(f"torch {torch.__version__}, {device}, {args.dtype}, threads {torch.get_num_threads()}, median of {args.iters}")
-    for name, fn in (("experts", bench_experts), ("forms", bench_forms), ("balancers", bench_balancers)):
+    for name, fn in (("experts", bench_experts), ("products", bench_products), ("forms", bench_forms), ("balancers", bench_balancers)):
         if args.only in (None, name):
             fn(args, device, dtype)
 
