@@ -22,6 +22,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, spec: LayerSpec, d_model: int, norm_eps: float, init_std: float, out_init_std: float):
         super().__init__()
         self.index = spec.index
+        self.spec = spec  # slots and component configs of this layer
         self.mixer_norm = RMSNorm(d_model, norm_eps)
         self.mixer = MIXERS.build(spec.mixer, d_model, spec.index, init_std, out_init_std)
         self.ffn_norm = RMSNorm(d_model, norm_eps)
