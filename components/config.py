@@ -92,8 +92,11 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     deterministic: bool = False
     # torch.compile the model: "true", "false", or "auto" (compile when a C++ compiler is on PATH,
-    # which TorchInductor's CPU backend needs, or on CUDA); costs some seconds up front
+    # which TorchInductor's CPU backend needs, or on CUDA, unless a component declares
+    # compile_friendly = False: KDA, MoE routers); costs some seconds up front
     compile: str = "false"
+    # refuse to start when weights + gradients + optimizer state cannot fit (components/training/memory_check.py)
+    memory_check: bool = True
 
 
 @dataclass

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from components.registry import FAMILIES, ConfigError, unknown_choice_message
+from components.training.memory_check import check_fits
 
 # flags that only print information: no pre-validation, Hydra handles them
 INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc", "--version"}
@@ -188,9 +189,10 @@ def run(task: Callable[[DictConfig], Any], argv: Optional[list[str]] = None) -> 
             if multirun:
                 first = compose([o for o in overrides if "," not in o])
                 for job in expand_sweep(overrides, first):
-                    validate_overrides(job)
+                    check_fits(validate_overrides(job))
             else:
                 root = validate_overrides(overrides)
+                check_fits(root)
                 if os.environ.get("K3_RUN_DIR"):
                     run_dir = Path(os.environ["K3_RUN_DIR"])  # pinned by a launcher for every rank
                 else:

@@ -65,6 +65,8 @@ def margin_histogram(r: torch.Tensor, lo: float, hi: float, bins: int) -> torch.
 class Router(nn.Module):
     """``router(x [..., d]) -> (indices [N, k], weights [N, k] fp32, scores [N, E] fp32)``, N = prod(...)."""
 
+    compile_friendly = False  # balancing statistics are host-side per-step state: trainer.compile=auto stays eager
+
     def __init__(
         self,
         d_model: int,

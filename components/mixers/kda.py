@@ -99,6 +99,8 @@ def fla_available(device: torch.device) -> bool:
 class KimiDeltaAttention(nn.Module):
     """Kimi Delta Attention: gated delta-rule linear attention with a fixed-size state (K3)."""
 
+    compile_friendly = False  # the chunked kernel picks its chunking from the data: trainer.compile=auto stays eager
+
     def __init__(self, cfg: KDAConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
         super().__init__()
         self.cfg = cfg

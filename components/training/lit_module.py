@@ -18,10 +18,19 @@ from components.optim.build import build_optimizer
 from components.registry import BALANCERS
 
 
-def should_compile(trainer_cfg: Any) -> bool:
+def compile_unfriendly(model: torch.nn.Module) -> list[str]:
+    """Modules that declare ``compile_friendly = False``: eager code with data-dependent control flow or
+    host-side statistics (KDA's chunked kernel, routers' balancing statistics), where graph breaks make
+    torch.compile recompile per layer and cost more than it saves."""
+    return sorted({type(m).__name__ for m in model.modules() if getattr(m, "compile_friendly", True) is False})
+
+
+def should_compile(trainer_cfg: Any, model: Optional[torch.nn.Module] = None) -> bool:
     choice = str(trainer_cfg.compile).lower()
     if choice != "auto":
         return choice == "true"
+    if model is not None and compile_unfriendly(model):
+        return False
     if trainer_cfg.accelerator in ("gpu", "cuda"):
         return True
     return any(shutil.which(cc) for cc in ("c++", "g++", "clang++"))
@@ -66,7 +75,7 @@ class LanguageModelModule(L.LightningModule):
         self.balancer.attach(self.model)
         # compiled view of the same module (shares parameters; state dicts keep the plain names)
         hidden = self.model.hidden_states
-        hidden = torch.compile(hidden, dynamic=False) if should_compile(cfg.trainer) else hidden
+        hidden = torch.compile(hidden, dynamic=False) if should_compile(cfg.trainer, self.model) else hidden
         object.__setattr__(self, "_hidden", hidden)  # not registered: no second copy in state dicts
         minutes = cfg.trainer.max_time_minutes
         self.time_budget = TimeBudget(minutes * 60 if minutes else None)
