@@ -70,3 +70,15 @@ def test_k3_tiny_trains_with_maxvio_and_depth_weights(tmp_path):
     assert sum("balance/maxvio/mean" in r for r in rows) == 6
     assert any(k.startswith("depth/") for r in rows for k in r)
     assert json.loads((run_dir / "depth_weights.json").read_text())[-1]["step"] == 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", ["k3_small", *sorted(ABLATIONS)])
+def test_k3_small_and_each_ablation_train(tmp_path, experiment):
+    result = run_train(f"experiment={experiment}", "data.seq_len=64", "data.batch_size=4", "data.val_tokens=1024",
+                       "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.max_time_minutes=null",
+                       "trainer.enable_progress_bar=false", "logger=csv", f"output_root={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["val"]["loss"] < 10
