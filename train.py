@@ -25,6 +25,7 @@ def task(cfg: DictConfig) -> float | None:
 
     from components.config import validate
     from components.registry import ConfigError
+    from components.sweep_job import current_job
     from components.training.run import train
 
     try:
@@ -32,7 +33,19 @@ def task(cfg: DictConfig) -> float | None:
     except ConfigError as err:  # jobs of a sweep are validated up front; this guards other launchers
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    summary = train(root, HydraConfig.get().runtime.output_dir)
+    job = current_job()  # None unless this is one job of a multirun
+    if job is not None:
+        root.logger.group = root.logger.group or job.group
+        root.logger.tags = list(dict.fromkeys([*root.logger.tags, *job.tags()]))
+    run_dir = HydraConfig.get().runtime.output_dir
+    try:
+        summary = train(root, run_dir)
+    except BaseException:
+        if job is not None:
+            job.record(run_dir, "failed", None)
+        raise
+    if job is not None:
+        job.record(run_dir, "finished", summary)
     return summary["val"].get("loss")
 
 

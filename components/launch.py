@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from components.registry import FAMILIES, ConfigError, unknown_choice_message
+from components.sweep_job import VARIED_ENV
 from components.training.memory_check import check_fits
 
 # flags that only print information: no pre-validation, Hydra handles them
@@ -135,6 +136,16 @@ def expand_sweep(overrides: list[str], cfg_with_hydra: Optional[DictConfig] = No
     return jobs[:MAX_VALIDATED_JOBS]
 
 
+def varied_keys(jobs: list[list[str]]) -> list[str]:
+    """Keys whose value differs between the jobs of a sweep, in override order."""
+    seen: dict[str, set[str]] = {}
+    for job in jobs:
+        for o in job:
+            key, _, value = o.partition("=")
+            seen.setdefault(key.lstrip("+~"), set()).add(value)
+    return [k for k, values in seen.items() if len(values) > 1]
+
+
 # ------------------------------------------------------------------------------------------------
 # Run folder
 # ------------------------------------------------------------------------------------------------
@@ -188,8 +199,10 @@ def run(task: Callable[[DictConfig], Any], argv: Optional[list[str]] = None) -> 
         try:
             if multirun:
                 first = compose([o for o in overrides if "," not in o])
-                for job in expand_sweep(overrides, first):
+                jobs = expand_sweep(overrides, first)
+                for job in jobs:
                     check_fits(validate_overrides(job))
+                os.environ[VARIED_ENV] = json.dumps(varied_keys(jobs))
             else:
                 root = validate_overrides(overrides)
                 check_fits(root)
