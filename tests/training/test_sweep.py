@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from components.sweep_job import read_index
+from components.training.jsonl_logger import read_metrics
 from tests.conftest import run_train
 from tests.training.test_train import FAST
 
@@ -36,3 +37,25 @@ def test_two_by_two_multirun_groups_tags_and_indexes(tmp_path):
         records = subprocess.run([wandb_cli, "leet", "inspect", "--json", str(run)], capture_output=True, text=True, timeout=120).stdout
         run_record = next(json.loads(line)["run"] for line in records.splitlines() if '"type":"run"' in line)
         assert run_record["run_group"] == f"sweep-{sweep_dir.name}"
+
+    # analysis.compare on the sweep: table numbers are the runs' logged values; real figures
+    import csv
+
+    from analysis.compare import compare
+
+    out = tmp_path / "cmp"
+    result = compare([str(sweep_dir)], str(out), make_html=True)
+    assert result["runs"] == 4
+    with open(out / "table.csv") as f:
+        rows = list(csv.DictReader(f))
+    by_point = {(r["mixer"], r["ffn.activation"]): r for r in rows}
+    for entry in index:
+        row = by_point[(entry["varied"]["mixer"], entry["varied"]["ffn.activation"])]
+        logged = [m["val/loss"] for m in read_metrics(str(Path(entry["run_dir"]) / "metrics.jsonl")) if "val/loss" in m]
+        assert float(row["val loss (final)"]) == entry["val"]["loss"]
+        assert float(row["val loss (best)"]) == min(logged + [entry["val"]["loss"]])
+        assert float(row["val bpb (final)"]) == entry["val"]["bpb"]
+        assert int(row["steps"]) == 2 and int(row["params"]) == entry["params"]
+    for image in result["images"]:
+        assert Path(image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "loss.png" in (out / "index.html").read_text()

@@ -1,0 +1,290 @@
+"""Compare runs side by side: a table (markdown + CSV) and plots, from local run or sweep folders.
+
+    python -m analysis.compare RUNS... [--out compare/] [--html]
+
+RUNS: sweep folders (their ``index.jsonl`` lists the jobs and the options the sweep varied), run folders
+(``summary.json`` + ``metrics.jsonl``), or W&B offline run directories inside a run folder
+(``<run>/wandb/offline-run-*``: read through their run folder, which holds the same logged values).
+
+Writes into ``--out``:
+* ``table.md`` / ``table.csv``: per run its varied options, steps, final and best validation loss and
+  metric (bits per byte or accuracy), tokens/s and parameter counts. With a ``seed`` among the varied
+  options, a second table aggregates the seeds of each point: mean and standard deviation of the final
+  validation loss, and marks ("~") points whose difference from the best point is within the seed spread.
+* ``loss.png``: training loss (lines) and validation loss (markers) against step, one colour per run,
+  labelled by its varied options;
+* ``maxvio.png``: MaxVio per MoE layer against step (runs with routed experts);
+* ``depth_<run>.png``: AttnRes depth weights of the last validation (runs with AttnRes);
+* ``index.html`` with ``--html``: the tables and figures on one page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import html
+import json
+import math
+import os
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from components.sweep_job import INDEX_FILE, read_index
+from components.training.jsonl_logger import read_metrics
+
+
+@dataclass
+class Run:
+    run_dir: Path
+    label: str
+    varied: dict[str, str]
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def metric(self) -> str:
+        return "accuracy" if "accuracy" in self.summary.get("val", {}) else "bpb"
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        rows = [(r["step"], r[key]) for r in self.metrics if key in r]
+        seen: dict[int, float] = {}
+        for step, v in rows:
+            seen[int(step)] = float(v)  # the last value logged at a step wins
+        steps = sorted(seen)
+        return steps, [seen[s] for s in steps]
+
+    def final_and_best(self, key: str, higher_is_better: bool = False) -> tuple[Optional[float], Optional[float]]:
+        _, values = self.series(f"val/{key}")
+        final = self.summary.get("val", {}).get(key)
+        if final is None and values:
+            final = values[-1]
+        pool = values + ([final] if final is not None else [])
+        best = (max(pool) if higher_is_better else min(pool)) if pool else None
+        return final, best
+
+
+def _load_run(run_dir: Path, varied: Optional[dict[str, str]] = None) -> Run:
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        raise FileNotFoundError(f"{run_dir}: no summary.json (not a finished run folder)")
+    summary = json.loads(summary_path.read_text())
+    metrics_path = run_dir / "metrics.jsonl"
+    metrics = read_metrics(str(metrics_path)) if metrics_path.exists() else []
+    varied = dict(varied or {})
+    label = ", ".join(f"{k}={v}" for k, v in varied.items()) or summary.get("name") or run_dir.name
+    return Run(run_dir, label, varied, summary, metrics)
+
+
+def collect(paths: list[str]) -> list[Run]:
+    """Runs of every path (sweep folder, run folder, or W&B offline run directory), in order."""
+    runs: list[Run] = []
+    for p in map(Path, paths):
+        if p.name.startswith("offline-run-") and p.parent.name == "wandb":
+            p = p.parent.parent
+        if (p / INDEX_FILE).exists():
+            for entry in sorted(read_index(str(p)), key=lambda e: e["job"]):
+                if entry.get("status") == "finished":
+                    runs.append(_load_run(Path(entry["run_dir"]), entry.get("varied")))
+        elif (p / "summary.json").exists():
+            runs.append(_load_run(p))
+        else:
+            raise FileNotFoundError(f"{p}: not a sweep folder ({INDEX_FILE}), a run folder (summary.json) or a W&B offline run")
+    if not runs:
+        raise FileNotFoundError("no finished runs found in " + ", ".join(paths))
+    return runs
+
+
+def _round(v: Any) -> Any:
+    return round(v) if isinstance(v, float) else v
+
+
+# -- tables ------------------------------------------------------------------------------------------------
+def table_rows(runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
+    varied_keys = list(dict.fromkeys(k for r in runs for k in r.varied))
+    metric = runs[0].metric
+    higher = metric == "accuracy"
+    header = ["run", *varied_keys, "steps", "val loss (final)", "val loss (best)", f"val {metric} (final)", f"val {metric} (best)",
+              "tokens/s", "params", "active params"]
+    rows = []
+    for r in runs:
+        loss_final, loss_best = r.final_and_best("loss")
+        m_final, m_best = r.final_and_best(metric, higher_is_better=higher)
+        rows.append([r.summary.get("name", r.run_dir.name), *[r.varied.get(k, "") for k in varied_keys], r.summary.get("steps"),
+                     loss_final, loss_best, m_final, m_best, _round(r.summary.get("tokens_per_s")), r.summary.get("params"), r.summary.get("active_params")])
+    return header, rows
+
+
+def seed_rows(runs: list[Run]) -> Optional[tuple[list[str], list[list[Any]]]]:
+    """Mean and spread of the final validation loss over seeds, per point of the other varied options."""
+    if not any("seed" in r.varied for r in runs):
+        return None
+    keys = [k for k in dict.fromkeys(k for r in runs for k in r.varied) if k != "seed"]
+    points: dict[tuple, list[float]] = {}
+    for r in runs:
+        loss = r.final_and_best("loss")[0]
+        if loss is not None:
+            points.setdefault(tuple(r.varied.get(k, "") for k in keys), []).append(loss)
+    stats = {p: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)) for p, v in points.items()}
+    best = min(stats, key=lambda p: stats[p][0])
+    rows = []
+    for p, (mean, sd, n) in stats.items():
+        spread = max(sd, stats[best][1])
+        within = p != best and abs(mean - stats[best][0]) <= spread
+        rows.append([*p, n, mean, sd, "best" if p == best else ("~ (within seed spread)" if within else "")])
+    return [*keys, "seeds", "val loss mean", "val loss std", "vs best"], rows
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 1e4 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def markdown(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+# -- plots -------------------------------------------------------------------------------------------------
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_loss(runs: list[Run], out: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5), constrained_layout=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, r in enumerate(runs):
+        c = colors[i % len(colors)]
+        steps, loss = r.series("train/loss")
+        if steps:
+            ax.plot(steps, loss, color=c, lw=1.2, alpha=0.85, label=f"{r.label} (train)")
+        vsteps, vloss = r.series("val/loss")
+        if vsteps:
+            ax.plot(vsteps, vloss, color=c, marker="o", ls="--", lw=1.0, label=f"{r.label} (val)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title("training and validation loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2 if len(runs) > 4 else 1)
+    path = out / "loss.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_maxvio(runs: list[Run], out: Path) -> Optional[Path]:
+    with_moe = [r for r in runs if any(k.startswith("balance/maxvio/layer_") for row in r.metrics for k in row)]
+    if not with_moe:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5), constrained_layout=True)
+    styles = ["-", "--", ":", "-."]  # one line style per run, one colour per layer
+    for i, r in enumerate(with_moe):
+        layers = sorted({k for row in r.metrics for k in row if k.startswith("balance/maxvio/layer_")}, key=lambda k: int(k.rsplit("_", 1)[-1]))
+        cmap = plt.get_cmap("viridis", max(len(layers), 2))
+        for j, key in enumerate(layers):
+            steps, values = r.series(key)
+            ax.plot(steps, values, color=cmap(j), ls=styles[i % len(styles)], lw=1.0,
+                    label=f"{r.label} {key.rsplit('/', 1)[-1]}")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("MaxVio (busiest expert's overload)")
+    ax.set_title("MaxVio per MoE layer")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    path = out / "maxvio.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_depth(runs: list[Run], out: Path) -> list[Path]:
+    from analysis.depth_weights import load, plot
+
+    paths = []
+    for i, r in enumerate(runs):
+        if (r.run_dir / "depth_weights.json").exists():
+            history = load(str(r.run_dir))
+            if history:
+                path = out / f"depth_{i}.png"
+                plot(history[-1], str(path), title=f"depth weights: {r.label}, step {history[-1]['step']}")
+                paths.append(path)
+    return paths
+
+
+def write_html(out: Path, tables: list[tuple[str, list[str], list[list[Any]]]], images: list[Path]) -> Path:
+    parts = ["<!doctype html><meta charset='utf-8'><title>run comparison</title>",
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>"]
+    for title, header, rows in tables:
+        parts.append(f"<h2>{html.escape(title)}</h2><table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in rows]
+        parts.append("</table>")
+    parts += [f"<h2>{html.escape(p.stem)}</h2><img src='{html.escape(p.name)}'>" for p in images]
+    path = out / "index.html"
+    path.write_text("\n".join(parts))
+    return path
+
+
+def compare(paths: list[str], out: str, make_html: bool = False) -> dict[str, Any]:
+    runs = collect(paths)
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    header, rows = table_rows(runs)
+    md = markdown(header, rows)
+    tables = [("runs", header, rows)]
+    seeds = seed_rows(runs)
+    if seeds is not None:
+        md += "\n" + markdown(*seeds)
+        tables.append(("seeds", *seeds))
+        write_csv(out_dir / "seeds.csv", *seeds)
+    (out_dir / "table.md").write_text(md)
+    write_csv(out_dir / "table.csv", header, rows)
+    images = [plot_loss(runs, out_dir)]
+    maxvio = plot_maxvio(runs, out_dir)
+    if maxvio is not None:
+        images.append(maxvio)
+    images += plot_depth(runs, out_dir)
+    result = {"runs": len(runs), "table": str(out_dir / "table.md"), "images": [str(p) for p in images]}
+    if make_html:
+        result["html"] = str(write_html(out_dir, tables, images))
+    print(md)
+    return result
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", help="sweep folders, run folders or W&B offline run directories")
+    p.add_argument("--out", default="compare", help="output folder (default: ./compare)")
+    p.add_argument("--html", action="store_true", help="also write index.html with the tables and figures")
+    args = p.parse_args(argv)
+    try:
+        result = compare(args.runs, args.out, args.html)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("wrote " + ", ".join([result["table"], *result["images"], *([result["html"]] if "html" in result else [])]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
