@@ -140,9 +140,12 @@ def varied_keys(jobs: list[list[str]]) -> list[str]:
     """Keys whose value differs between the jobs of a sweep, in override order."""
     seen: dict[str, set[str]] = {}
     for job in jobs:
+        final = {}  # a key given twice in one job: the last value counts, as in Hydra
         for o in job:
             key, _, value = o.partition("=")
-            seen.setdefault(key.lstrip("+~"), set()).add(value)
+            final[key.lstrip("+~")] = value
+        for key, value in final.items():
+            seen.setdefault(key, set()).add(value)
     return [k for k, values in seen.items() if len(values) > 1]
 
 

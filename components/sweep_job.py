@@ -1,6 +1,7 @@
 """A job's place in a Hydra multirun: its W&B group and tags, and the sweep folder's run index.
 
-Every job of ``python train.py -m ...`` is its own run. Jobs of one sweep share a W&B group (the sweep
+Every job of ``python train.py -m ...`` is its own run (``sweeps.run`` launches one multirun per study
+point into one sweep folder, naming the point in ``K3_SWEEP_POINT``). Jobs of one sweep share a W&B group (the sweep
 folder's name, unless ``logger.group`` is set) and carry the options the sweep varies as ``key=value``
 tags, so W&B's group-by and parallel-coordinates views work as launched; the varied values are config
 fields already. ``<sweep dir>/index.jsonl`` gets one line per finished or failed job: job number, run
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 VARIED_ENV = "K3_SWEEP_VARIED"  # set by components.launch for multiruns: JSON list of varied keys
+POINT_ENV = "K3_SWEEP_POINT"  # set by sweeps.run: the study point this multirun belongs to
 INDEX_FILE = "index.jsonl"
 
 
@@ -58,7 +60,9 @@ def current_job() -> Optional[SweepJob]:
         key, _, value = o.partition("=")
         values[key.lstrip("+~")] = value
     varied_keys = json.loads(os.environ.get(VARIED_ENV, "[]"))
-    return SweepJob(hc.sweep.dir, int(hc.job.num), overrides, {k: values[k] for k in varied_keys if k in values})
+    varied = {"point": os.environ[POINT_ENV]} if os.environ.get(POINT_ENV) else {}
+    varied.update({k: values[k] for k in varied_keys if k in values})
+    return SweepJob(hc.sweep.dir, int(hc.job.num), overrides, varied)
 
 
 def read_index(sweep_dir: str) -> list[dict[str, Any]]:

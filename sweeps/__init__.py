@@ -1,0 +1,1 @@
+"""Multi-run studies: one YAML per study in this folder, launched with ``python -m sweeps.run STUDY``."""
