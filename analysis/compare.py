@@ -1,6 +1,6 @@
 """Compare runs side by side: a table (markdown + CSV) and plots, from local run or sweep folders.
 
-    python -m analysis.compare RUNS... [--out compare/] [--html]
+    python -m analysis.compare RUNS... [--out outputs/compare] [--html]
 
 RUNS: sweep folders (their ``index.jsonl`` lists the jobs and the options the sweep varied), run folders
 (``summary.json`` + ``metrics.jsonl``), or W&B offline run directories inside a run folder
@@ -274,7 +274,7 @@ def compare(paths: list[str], out: str, make_html: bool = False) -> dict[str, An
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", help="sweep folders, run folders or W&B offline run directories")
-    p.add_argument("--out", default="compare", help="output folder (default: ./compare)")
+    p.add_argument("--out", default="outputs/compare", help="output folder (default: outputs/compare)")
     p.add_argument("--html", action="store_true", help="also write index.html with the tables and figures")
     args = p.parse_args(argv)
     try:
