@@ -113,10 +113,6 @@ def attnres_reads(model: Decoder) -> Optional[dict[str, Any]]:
     return {"per_read": rows, "final_read_sources": rows[-1]["sources"], "max_sources": max(r["sources"] for r in rows)}
 
 
-def _kind_of(layer: nn.Module) -> str:
-    return layer.spec.mixer.name
-
-
 def cache_report(model: Decoder, seq_len: int, cache_bytes: int, state_bytes: list[int]) -> dict[str, Any]:
     """Decode cache: per-token numbers of growing caches, fixed per-sequence state, and crossovers."""
     per_token = 0  # numbers per cached token, all layers
@@ -128,12 +124,12 @@ def cache_report(model: Decoder, seq_len: int, cache_bytes: int, state_bytes: li
         mixer = layer.mixer
         per_token += mixer.cache_numbers_per_token()
         if hasattr(mixer, "state_numbers"):
-            recurrent = mixer.n_heads * mixer.head_dim * mixer.head_dim
+            recurrent = mixer.recurrent_state_numbers()
             state_recurrent += recurrent
             state_conv += mixer.state_numbers() - recurrent
         if hasattr(mixer, "decode_macs_per_key"):
             mla_like.append(mixer)
-            macs.setdefault(_kind_of(layer), {"prefill_macs_per_cached_position": mixer.prefill_macs_per_key(),
+            macs.setdefault(layer.spec.mixer.name, {"prefill_macs_per_cached_position": mixer.prefill_macs_per_key(),
                                               "decode_macs_per_cached_position": mixer.decode_macs_per_key()})
     out: dict[str, Any] = {
         "cache_bytes_per_number": cache_bytes,
@@ -151,7 +147,7 @@ def cache_report(model: Decoder, seq_len: int, cache_bytes: int, state_bytes: li
     fixed_layers = [layer for layer in model.layers if hasattr(layer.mixer, "state_numbers")]
     if fixed_layers and mla_like:
         c = mla_like[0].cache_numbers_per_token()  # numbers per token of one growing-cache layer
-        per_layer_state = fixed_layers[0].mixer.n_heads * fixed_layers[0].mixer.head_dim ** 2
+        per_layer_state = fixed_layers[0].mixer.recurrent_state_numbers()
         # hybrid: n_fixed * S * b + n_grow * c * cb * T ; all-MLA: (n_fixed + n_grow) * c * cb * T
         out["all_mla_crossover_tokens"] = {
             f"state_{b}B": round(per_layer_state * b / (c * cache_bytes)) for b in state_bytes

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from components.registry import FAMILIES, ConfigError, unknown_choice_message
-from components.sweep_job import VARIED_ENV
+from components.sweep_job import VARIED_ENV, split_override
 from components.training.memory_check import check_fits
 
 # flags that only print information: no pre-validation, Hydra handles them
@@ -140,10 +140,7 @@ def varied_keys(jobs: list[list[str]]) -> list[str]:
     """Keys whose value differs between the jobs of a sweep, in override order."""
     seen: dict[str, set[str]] = {}
     for job in jobs:
-        final = {}  # a key given twice in one job: the last value counts, as in Hydra
-        for o in job:
-            key, _, value = o.partition("=")
-            final[key.lstrip("+~")] = value
+        final = dict(split_override(o) for o in job)  # a key given twice: the last value counts, as in Hydra
         for key, value in final.items():
             seen.setdefault(key, set()).add(value)
     return [k for k, values in seen.items() if len(values) > 1]

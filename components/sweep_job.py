@@ -20,6 +20,12 @@ POINT_ENV = "K3_SWEEP_POINT"  # set by sweeps.run: the study point this multirun
 INDEX_FILE = "index.jsonl"
 
 
+def split_override(override: str) -> tuple[str, str]:
+    """``+a.b=v`` / ``~a.b=v`` / ``a.b=v`` -> (``a.b``, ``v``)."""
+    key, _, value = override.partition("=")
+    return key.lstrip("+~"), value
+
+
 @dataclass
 class SweepJob:
     sweep_dir: str
@@ -55,10 +61,7 @@ def current_job() -> Optional[SweepJob]:
     if hc.mode != RunMode.MULTIRUN:
         return None
     overrides = list(hc.overrides.task)
-    values = {}
-    for o in overrides:
-        key, _, value = o.partition("=")
-        values[key.lstrip("+~")] = value
+    values = dict(split_override(o) for o in overrides)
     varied_keys = json.loads(os.environ.get(VARIED_ENV, "[]"))
     varied = {"point": os.environ[POINT_ENV]} if os.environ.get(POINT_ENV) else {}
     varied.update({k: values[k] for k in varied_keys if k in values})

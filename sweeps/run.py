@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from components.sweep_job import POINT_ENV
+from components.sweep_job import POINT_ENV, split_override
 
 STUDIES = Path(__file__).resolve().parent
 REPO = STUDIES.parent
@@ -63,7 +63,7 @@ def commands(name: str, study: dict[str, Any], extra: list[str], smoke: bool, sw
     for point, overrides in study["points"].items():
         merged: dict[str, str] = {}  # one override per key, the last one given wins
         for o in [*overrides, *grid, *seed_axis, *fixed, *extra]:
-            merged[o.partition("=")[0].lstrip("+~")] = o
+            merged[split_override(o)[0]] = o
         argv = ["-m", *merged.values(), f"hydra.sweep.dir={sweep_dir}", f"hydra.sweep.subdir={point}/${{hydra.job.num}}"]
         out.append((point, argv))
     return out

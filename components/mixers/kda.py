@@ -229,7 +229,11 @@ class KimiDeltaAttention(nn.Module):
     def cache_numbers_per_token(self) -> int:
         return 0  # the state does not grow with the sequence
 
+    def recurrent_state_numbers(self) -> int:
+        """Numbers of the recurrent state S [H, K, V] held per sequence."""
+        return self.n_heads * self.head_dim * self.head_dim
+
     def state_numbers(self) -> int:
         """Numbers held per sequence: the recurrent state plus the three conv caches."""
         P = self.n_heads * self.head_dim
-        return self.n_heads * self.head_dim * self.head_dim + 3 * P * (self.cfg.conv_size - 1)
+        return self.recurrent_state_numbers() + 3 * P * (self.cfg.conv_size - 1)
