@@ -18,7 +18,8 @@ def test_the_studies_exist():
     assert {"mixers", "ffn_activation", "moe_form", "balancer", "residual", "k3_decisions"} <= set(STUDIES)
 
 
-@pytest.mark.parametrize("study", STUDIES)
+# k3_decisions trains seven k3_small variants (about a minute here): slow, like tests/test_k3_experiments.py's training
+@pytest.mark.parametrize("study", [pytest.param(s, marks=pytest.mark.slow) if s == "k3_decisions" else s for s in STUDIES])
 def test_study_smoke_runs_end_to_end(tmp_path, study):
     assert main([study, "--smoke", "--output-root", str(tmp_path)]) == 0
     (sweep_dir,) = list((tmp_path / "sweeps").iterdir())
