@@ -22,10 +22,13 @@ def task(cfg: DictConfig) -> float | None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
     warnings.filterwarnings("ignore", message=".*IterableDataset.*has `__len__` defined.*")
+    # validation metrics are summed over ranks before logging (lit_module.on_validation_epoch_end)
+    warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
 
     from components.config import validate
     from components.registry import ConfigError
     from components.sweep_job import current_job
+    from components.training.lit_module import NonFiniteTrainingError
     from components.training.run import train
 
     try:
@@ -33,16 +36,22 @@ def task(cfg: DictConfig) -> float | None:
     except ConfigError as err:  # jobs of a sweep are validated up front; this guards other launchers
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    job = current_job()  # None unless this is one job of a multirun
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    # None unless this is one job of a multirun; under SLURM every rank runs this task, one records it
+    job = current_job() if getattr(rank_zero_only, "rank", 0) == 0 else None
     if job is not None:
         root.logger.group = root.logger.group or job.group
         root.logger.tags = list(dict.fromkeys([*root.logger.tags, *job.tags()]))
     run_dir = HydraConfig.get().runtime.output_dir
     try:
         summary = train(root, run_dir)
-    except BaseException:
+    except BaseException as err:
         if job is not None:
             job.record(run_dir, "failed", None)
+        if isinstance(err, NonFiniteTrainingError):
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(3)
         raise
     if job is not None:
         job.record(run_dir, "finished", summary)

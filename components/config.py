@@ -75,9 +75,18 @@ class OptimizerConfig:
 @dataclass
 class TrainerConfig:
     accelerator: str = "cpu"
+    # processes per node: an int, or "auto" (every visible GPU; 1 on CPU)
     devices: Any = 1
     num_nodes: int = 1
+    # auto: one process; ddp: data parallel, gradients all-reduced; fsdp2: parameters, gradients and
+    # optimizer state sharded over the data-parallel ranks (torch fully_shard per decoder layer,
+    # sharded checkpoints). Both keep one global batch = data.batch_size rows split over the ranks.
     strategy: str = "auto"
+    # what a non-finite loss or gradient norm does: "stop" ends the run naming the step (the last
+    # checkpoint stays the last good one); "skip" leaves weights and optimizer state untouched for
+    # that step and goes on (at most max_skipped_steps in a row, then stops)
+    on_nonfinite: str = "stop"
+    max_skipped_steps: int = 10
     precision: str = "32-true"
     max_steps: int = 1000
     # stop training after this many minutes of wall time (None: no limit); the schedule still
@@ -110,6 +119,8 @@ class LoggerConfig:
     mode: str = "auto"
     group: Optional[str] = None
     tags: list[str] = field(default_factory=list)
+    # seconds to wait for the W&B server when starting an online run before recording offline instead
+    init_timeout_s: float = 90.0
 
 
 @dataclass
@@ -139,9 +150,11 @@ ALLOWED = {
     "optimizer.name": ("adamw", "muon"),
     "optimizer.schedule": ("cosine", "constant", "linear"),
     "trainer.accelerator": ("cpu", "gpu", "cuda", "auto"),
-    "trainer.precision": ("32-true", "32", "bf16-mixed", "bf16-true", "16-mixed"),
+    "trainer.precision": ("32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "64-true"),
     "logger.name": ("wandb", "csv"),
     "trainer.compile": ("auto", "true", "false", "True", "False"),
+    "trainer.strategy": ("auto", "ddp", "fsdp2"),
+    "trainer.on_nonfinite": ("stop", "skip"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
 }
 
@@ -226,6 +239,10 @@ def validate(cfg: DictConfig) -> RootConfig:
     check(t.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches", f"must be >= 1, got {t.accumulate_grad_batches}")
     check(t.val_check_interval > 0, "trainer.val_check_interval", f"must be positive, got {t.val_check_interval}")
     check(t.checkpoint_every_n_steps > 0, "trainer.checkpoint_every_n_steps", f"must be positive, got {t.checkpoint_every_n_steps}")
+    check(t.num_nodes >= 1, "trainer.num_nodes", f"must be >= 1, got {t.num_nodes}")
+    devices_ok = t.devices == "auto" or (isinstance(t.devices, int) and t.devices >= 1) or (isinstance(t.devices, list) and len(t.devices) > 0)
+    check(devices_ok, "trainer.devices", f"must be a positive number of processes per node, a list of device indices or 'auto', got {t.devices!r}")
+    check(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", f"must be >= 1, got {t.max_skipped_steps}")
     o = root.optimizer
     check(o.lr > 0, "optimizer.lr", f"must be positive, got {o.lr}")
     check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optimizer.betas", f"must be two numbers in [0, 1), got {list(o.betas)}")

@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from components.registry import FAMILIES, ConfigError, unknown_choice_message
 from components.sweep_job import VARIED_ENV, split_override
+from components.training.launch_env import agreed_run_dir
 from components.training.memory_check import check_fits
 
 # flags that only print information: no pre-validation, Hydra handles them
@@ -136,6 +137,23 @@ def expand_sweep(overrides: list[str], cfg_with_hydra: Optional[DictConfig] = No
     return jobs[:MAX_VALIDATED_JOBS]
 
 
+def _check_launcher(cfg_with_hydra: DictConfig) -> None:
+    """Resolve the launcher's settings now (the SLURM preset reads trainer.devices / num_nodes), so a
+    bad value fails before any job is submitted, naming the key."""
+    launcher = OmegaConf.select(cfg_with_hydra, "hydra.launcher", default=None)
+    if launcher is None:
+        return
+    try:
+        OmegaConf.to_container(launcher, resolve=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", "") or "hydra.launcher"
+        raise ConfigError(key, str(getattr(err, "msg", err)).strip().splitlines()[0]) from None
+    values = OmegaConf.to_container(launcher, resolve=True)
+    for key in ("nodes", "tasks_per_node"):
+        if key in values and not (isinstance(values[key], int) and values[key] >= 1):
+            raise ConfigError(f"hydra.launcher.{key}", f"must be a positive number, got {values[key]!r} (the SLURM launcher takes it from trainer.num_nodes / trainer.devices: give trainer.devices as a number)")
+
+
 def varied_keys(jobs: list[list[str]]) -> list[str]:
     """Keys whose value differs between the jobs of a sweep, in override order."""
     seen: dict[str, set[str]] = {}
@@ -199,6 +217,7 @@ def run(task: Callable[[DictConfig], Any], argv: Optional[list[str]] = None) -> 
         try:
             if multirun:
                 first = compose([o for o in overrides if "," not in o])
+                _check_launcher(first)
                 jobs = expand_sweep(overrides, first)
                 for job in jobs:
                     check_fits(validate_overrides(job))
@@ -207,9 +226,9 @@ def run(task: Callable[[DictConfig], Any], argv: Optional[list[str]] = None) -> 
                 root = validate_overrides(overrides)
                 check_fits(root)
                 if os.environ.get("K3_RUN_DIR"):
-                    run_dir = Path(os.environ["K3_RUN_DIR"])  # pinned by a launcher for every rank
-                else:
-                    run_dir = resolve_run_dir(root)
+                    run_dir = Path(os.environ["K3_RUN_DIR"])  # pinned for every rank (run.py sets it for the ranks Lightning spawns)
+                else:  # one process, or every rank of a torchrun / srun launch: rank 0's choice
+                    run_dir = agreed_run_dir(root.output_root, lambda: resolve_run_dir(root))
                 argv.append(f"hydra.run.dir={run_dir}")
         except ConfigError as err:
             print(f"error: {err}", file=sys.stderr)

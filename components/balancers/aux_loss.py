@@ -11,6 +11,10 @@ Per routed layer, for the current micro-batch of T tokens, E experts, top-k:
   full collapse. This is DeepSeek's ``alpha * sum_j f'_j P_j`` with ``f'_j = E c_j / (k T)``, and the
   Switch loss for k = 1.
 
+Data parallel: f counts the selections of the whole micro-batch over all ranks (one all-reduce of
+``[layers, E]`` counts), and each rank's P is its local mean; the gradient average DDP takes over ranks
+is then the gradient of the global-batch loss, as on one process with the same global batch.
+
 ``sequence_wise``: the same quantities per sequence (T = its length), averaged over the sequences of the
 micro-batch (DeepSeek-V3's complementary loss, used there with alpha = 1e-4). The returned loss is summed
 over routed layers. ``step`` only logs MaxVio (no bias update).
@@ -25,7 +29,7 @@ import torch
 from torch import nn
 
 from components.balancers.base import Balancer
-from components.balancers.load_stats import find_routers, finish_step
+from components.balancers.load_stats import all_reduce_sum_, find_routers, finish_step, world_size
 from components.ffn.router import RouterRecord
 from components.registry import BALANCERS, ConfigError
 
@@ -43,8 +47,18 @@ class AuxLossConfig:
             raise ConfigError(f"{key}.alpha", f"must be >= 0, got {self.alpha}")
 
 
-def balance_loss(record: RouterRecord, top_k: int, alpha: float, sequence_wise: bool = False) -> torch.Tensor:
-    """``alpha * E * sum_j f_j P_j`` for one router's latest routing (see the module docstring)."""
+def selection_counts(record: RouterRecord) -> torch.Tensor:
+    """How many of the micro-batch's (token, expert) selections went to each expert: ``[E]`` float."""
+    E = record.scores.shape[-1]
+    return torch.bincount(record.indices.flatten(), minlength=E).to(record.scores.dtype)
+
+
+def balance_loss(record: RouterRecord, top_k: int, alpha: float, sequence_wise: bool = False, counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``alpha * E * sum_j f_j P_j`` for one router's latest routing (see the module docstring).
+
+    ``counts [E]``: selections per expert over a larger batch (all data-parallel ranks) to take f from,
+    instead of this record's own.
+    """
     scores, indices = record.scores, record.indices  # [N, E], [N, k]
     N, E = scores.shape
     groups = record.shape[0] if sequence_wise and len(record.shape) >= 2 else 1  # sequences, or one group
@@ -53,6 +67,8 @@ def balance_loss(record: RouterRecord, top_k: int, alpha: float, sequence_wise: 
     P = s.mean(dim=1)  # [G, E]
     onehot = torch.zeros(N, E, dtype=scores.dtype, device=scores.device).scatter_(1, indices, 1.0)  # [N, E]
     f = onehot.view(groups, N // groups, E).sum(dim=1) / (top_k * (N // groups))  # [G, E], no grad
+    if counts is not None and not sequence_wise:
+        f = (counts / counts.sum().clamp_min(1)).to(scores.dtype)[None]  # [1, E] sums to 1, like k*T pairs
     return alpha * E * (f * P).sum(dim=-1).mean()
 
 
@@ -61,12 +77,19 @@ class AuxLossBalancer(Balancer):
     """Auxiliary loss alpha * E * sum_j f_j P_j (Switch / DeepSeek), optionally per sequence."""
 
     def aux_loss(self, model: nn.Module) -> Optional[torch.Tensor]:
-        terms = [
-            balance_loss(r.last, r.top_k, self.cfg.alpha, self.cfg.sequence_wise)
-            for r in find_routers(model)
-            if r.last is not None
-        ]
-        return torch.stack(terms).sum() if terms else None
+        routers = [r for r in find_routers(model) if r.last is not None]
+        if not routers:
+            return None
+        counts: list[Optional[torch.Tensor]] = [None] * len(routers)
+        if world_size() > 1 and not self.cfg.sequence_wise:  # sequences never span ranks
+            E = max(r.num_experts for r in routers)
+            packed = torch.zeros(len(routers), E, dtype=torch.float64, device=routers[0].last.scores.device)  # [L, E]
+            for i, r in enumerate(routers):
+                packed[i, : r.num_experts] = selection_counts(r.last).double()
+            all_reduce_sum_(packed)
+            counts = [packed[i, : r.num_experts] for i, r in enumerate(routers)]
+        terms = [balance_loss(r.last, r.top_k, self.cfg.alpha, self.cfg.sequence_wise, c) for r, c in zip(routers, counts)]
+        return torch.stack(terms).sum()
 
     def step(self, model: nn.Module) -> dict[str, float]:
         return finish_step(model)

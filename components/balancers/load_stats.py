@@ -56,6 +56,18 @@ def reduced_loads(routers: list[Router]) -> tuple[torch.Tensor, torch.Tensor]:
     return packed[:, :E], packed[:, E]
 
 
+def bias_rank_divergence(routers: list[Router]) -> float:
+    """Largest difference of any selection-bias entry between data-parallel ranks (0 when in sync)."""
+    import torch.distributed as dist
+
+    bias = torch.cat([r.e_score_correction_bias.detach().double().flatten() for r in routers])  # [sum E]
+    if world_size() == 1:
+        return 0.0
+    extremes = torch.cat([bias, -bias])  # max over ranks of both: [max b | -min b]
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+    return float((extremes[: bias.numel()] + extremes[bias.numel():]).max())
+
+
 def maxvio(load: torch.Tensor) -> torch.Tensor:
     """``(max_j l_j - q) / q`` with ``q = mean_j l_j`` (= M k / N): relative overload of the busiest expert."""
     q = load.double().mean(-1)

@@ -3,7 +3,8 @@
 A checkpoint is written to a temporary file in the same folder, flushed to disk, then renamed over the
 target (atomic on POSIX), so a crash mid-write keeps the previous good checkpoint. Loading uses
 ``weights_only=True`` (no arbitrary pickled code) and refuses a truncated or corrupt file with a clear
-message.
+message. Sharded checkpoints (FSDP2: a folder with one file per rank) are checked for completeness
+against their own index before use.
 """
 
 from __future__ import annotations
@@ -38,7 +39,34 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return load_checkpoint_file(str(path), map_location)
 
 
+def check_sharded_checkpoint(path: str) -> dict[str, Any]:
+    """Verify a sharded checkpoint folder: its trainer state loads and every byte range its index
+    names exists. Returns the trainer state (without weights). Raises CorruptCheckpointError."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta_file = os.path.join(path, "meta.pt")
+    if not os.path.isfile(meta_file) or not os.path.isfile(os.path.join(path, ".metadata")):
+        raise CorruptCheckpointError(f"checkpoint {path} is incomplete: a sharded checkpoint folder needs meta.pt and .metadata")
+    try:
+        state = torch.load(meta_file, map_location="cpu", weights_only=True)
+        index = FileSystemReader(path).read_metadata()
+    except Exception as err:
+        raise CorruptCheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt): {type(err).__name__}: {err}") from None
+    needed: dict[str, int] = {}
+    for info in (index.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        shard = os.path.join(path, name)
+        have = os.path.getsize(shard) if os.path.isfile(shard) else -1
+        if have < size:
+            what = "missing" if have < 0 else f"truncated ({have} of {size} bytes)"
+            raise CorruptCheckpointError(f"checkpoint {path} is unreadable: shard {name} is {what}")
+    return state
+
+
 def load_checkpoint_file(path: str, map_location: Any = "cpu") -> dict[str, Any]:
+    if os.path.isdir(path):
+        return check_sharded_checkpoint(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:

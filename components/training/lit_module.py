@@ -1,4 +1,13 @@
-"""LightningModule: next-token loss, AdamW with warmup + cosine decay, validation metrics."""
+"""LightningModule: next-token loss, optimizer with warmup + decay, validation metrics, and the guards
+that keep a distributed run meaning the same as a one-process run.
+
+* Loss normalisation: each rank's summed token loss is divided by the token count of the whole
+  data-parallel micro-batch (one all-reduce of two numbers), so the gradient DDP/FSDP average is the
+  gradient of the global mean loss, and the logged ``train/loss`` is the global mean, as on one process.
+* Non-finite guard (``trainer.on_nonfinite``): a NaN/inf loss or gradient norm stops the run naming the
+  step, before the update and before any checkpoint of that step, or skips the update.
+* Checkpoints carry every rank's RNG state.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +17,11 @@ import time
 from typing import Any, Optional
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
 import torch
 import torch.nn.functional as F
 
+from components.balancers.load_stats import all_reduce_sum_, bias_rank_divergence, find_routers, world_size
 from components.config import RootConfig
 from components.data.base import IGNORE_INDEX, TokenDataset
 from components.model import Decoder
@@ -65,6 +76,20 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class NonFiniteTrainingError(RuntimeError):
+    """A NaN or infinite loss or gradient ended the run (``trainer.on_nonfinite=stop``)."""
+
+
+def total_grad_norm(params: Any) -> Optional[torch.Tensor]:
+    """L2 norm of all gradients (sharded gradients included), as a plain fp32 scalar tensor."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return None
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    full = getattr(norm, "full_tensor", None)  # a DTensor under FSDP2
+    return (full() if full is not None else norm).float()
+
+
 class LanguageModelModule(L.LightningModule):
     def __init__(self, cfg: RootConfig, dataset: TokenDataset):
         super().__init__()
@@ -81,6 +106,30 @@ class LanguageModelModule(L.LightningModule):
         self.time_budget = TimeBudget(minutes * 60 if minutes else None)
         self._val_sums: dict[str, torch.Tensor] = {}
         self.last_val_metrics: dict[str, float] = {}
+        self._step_loss_finite: Optional[torch.Tensor] = None  # all micro-batch losses of this step finite
+        self.skipped_in_a_row = 0
+        self.skipped_steps = 0
+
+    def configure_model(self) -> None:
+        """FSDP2 (``trainer.strategy=fsdp2``): shard each decoder layer, then the rest, over the
+        data-parallel ranks. Other strategies need nothing here."""
+        if self.cfg.trainer.strategy != "fsdp2" or getattr(self, "_sharded", False):
+            return
+        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+        mesh = self.device_mesh["data_parallel"]
+        # fully_shard replaces parameters by sharded ones; carry the markers the optimizer reads
+        markers = {name: p._no_weight_decay for name, p in self.model.named_parameters() if hasattr(p, "_no_weight_decay")}
+        for layer in self.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)  # embedding, head, final norm, residual-scheme weights
+        register_fsdp_forward_method(self.model, "hidden_states")  # training calls it, not forward
+        for name, p in self.model.named_parameters():
+            if name in markers:
+                p._no_weight_decay = markers[name]
+        hidden = self.model.hidden_states
+        object.__setattr__(self, "_hidden", torch.compile(hidden, dynamic=False) if should_compile(self.cfg.trainer, self.model) else hidden)
+        self._sharded = True
 
     def on_train_start(self) -> None:
         self.time_budget.started = time.perf_counter()
@@ -98,8 +147,19 @@ class LanguageModelModule(L.LightningModule):
         mask = y != IGNORE_INDEX
         # project only the scored positions: on sparse tasks (MQAR) the output layer is most of the work
         logits = self.model.lm_head(h[mask])  # [N, vocab]
-        loss = F.cross_entropy(logits.float(), y[mask], reduction="sum") / mask.sum().clamp(min=1)
-        total = loss
+        loss_sum = F.cross_entropy(logits.float(), y[mask], reduction="sum")
+        world = world_size()
+        if world > 1:
+            # global token count of this micro-batch; DDP/FSDP average gradients over ranks, so the
+            # factor `world` makes that average the gradient of the global mean
+            totals = all_reduce_sum_(torch.stack([loss_sum.detach(), mask.sum().to(loss_sum.dtype)]))
+            loss_for_grad = loss_sum * world / totals[1].clamp(min=1)
+            loss = totals[0] / totals[1].clamp(min=1)
+        else:
+            loss = loss_for_grad = loss_sum / mask.sum().clamp(min=1)
+        finite = torch.isfinite(loss.detach())
+        self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
+        total = loss_for_grad
         aux = self.balancer.aux_loss(self.model)
         if aux is not None:
             total = total + aux
@@ -109,17 +169,74 @@ class LanguageModelModule(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # norm before clipping (Lightning clips right after this hook)
-        norms = [p.grad.detach().float().norm() for p in self.parameters() if p.grad is not None]
-        if norms:
-            self.log("train/grad_norm", torch.stack(norms).norm(), on_step=True, on_epoch=False)
+        grad_norm = total_grad_norm(self.parameters())
+        self._guard_nonfinite(grad_norm)
+        if grad_norm is not None:
+            self.log("train/grad_norm", grad_norm, on_step=True, on_epoch=False)
         self.log("train/lr", optimizer.param_groups[0]["lr"], on_step=True, on_epoch=False)
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.trainer.fit_loop._should_accumulate():
+    def _guard_nonfinite(self, grad_norm: Optional[torch.Tensor]) -> None:
+        """Stop (or skip the update) when this step's loss or gradients are NaN/inf. Losses and
+        gradients are already reduced over ranks, so every rank takes the same decision."""
+        loss_ok = self._step_loss_finite
+        self._step_loss_finite = None
+        # with fp16 loss scaling, inf gradients are routine: the scaler skips those steps itself
+        check_grads = grad_norm is not None and self.cfg.trainer.precision != "16-mixed"
+        ok = torch.ones((), dtype=torch.bool, device=self.device) if loss_ok is None else loss_ok
+        if check_grads:
+            ok = ok & torch.isfinite(grad_norm)
+        if bool(ok):  # one host sync per optimizer step
+            self.skipped_in_a_row = 0
+            return
+        what = "loss" if loss_ok is not None and not bool(loss_ok) else "gradient norm"
+        step = self.global_step + 1  # 1-based number of the optimizer step being taken
+        t = self.cfg.trainer
+        if t.on_nonfinite == "skip" and self.skipped_in_a_row < t.max_skipped_steps:
+            self.skipped_in_a_row += 1
+            self.skipped_steps += 1
+            for p in self.parameters():
+                p.grad = None  # the optimizers leave parameters without gradients untouched
+            self.log("train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+            return
+        hint = f" ({self.skipped_in_a_row} steps skipped in a row, trainer.max_skipped_steps={t.max_skipped_steps})" if t.on_nonfinite == "skip" else ""
+        raise NonFiniteTrainingError(
+            f"non-finite {what} at optimizer step {step}{hint}: training stopped before the update; "
+            f"the last checkpoint (at or before step {self.global_step}) is intact. Lower optimizer.lr, "
+            f"raise optimizer.warmup_steps, or set trainer.on_nonfinite=skip"
+        )
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """The update, then the balancers' once-per-step bias update, before any callback (a checkpoint
+        of this step must hold the bias the next step routes with)."""
+        skipped_before = self.skipped_steps
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        if self.skipped_steps > skipped_before:  # non-finite step: drop its router statistics, keep the bias
+            for router in find_routers(self.model):
+                router.reset_stats()
             return
         metrics = self.balancer.step(self.model)
+        if world_size() > 1:
+            routers = find_routers(self.model)
+            if routers:
+                # identical biases on every rank is an invariant of the balancers; report any drift
+                metrics["bias_rank_divergence"] = bias_rank_divergence(routers)
         for k, v in metrics.items():
             self.log(f"balance/{k}", v, on_step=True, on_epoch=False)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        from components.training import rng_state
+
+        checkpoint["rng_states"] = rng_state.gather_all_ranks()  # collective: runs on every rank
+        checkpoint["nonfinite_skipped_steps"] = self.skipped_steps
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        from components.training import rng_state
+
+        states = checkpoint.get("rng_states")
+        if states and not rng_state.restore_for_rank(states, self.global_rank):
+            rank_zero_warn(f"checkpoint holds RNG states of {len(states)} ranks, this run has {world_size()}: generators start from the seed")
+        self.skipped_steps = int(checkpoint.get("nonfinite_skipped_steps", 0))
 
     # -- validation -----------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:

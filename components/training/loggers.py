@@ -47,8 +47,19 @@ def wandb_mode(requested: str) -> str:
     return "online" if wandb_credentials_present() else "offline"
 
 
+def _is_global_zero() -> bool:
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
 def build_loggers(root: Any, run_dir: str, run_name: str, config_dict: dict, resume_id: str | None) -> tuple[list, Any]:
-    """Loggers for the trainer and the W&B logger (or None)."""
+    """Loggers for the trainer and the W&B logger (or None).
+
+    W&B never ends a run: if the online run cannot start (no network, bad credentials, server down)
+    the run is recorded offline instead (``wandb sync`` uploads it later), and if logging fails
+    mid-run W&B is dropped with a warning while metrics.jsonl keeps everything.
+    """
     from components.training.jsonl_logger import JSONLLogger
 
     loggers: list = [JSONLLogger(run_dir, name=run_name)]
@@ -56,28 +67,44 @@ def build_loggers(root: Any, run_dir: str, run_name: str, config_dict: dict, res
     lc = root.logger
     mode = wandb_mode(lc.mode)
     if lc.name == "wandb" and mode != "disabled":
-        from lightning.pytorch.loggers import WandbLogger
+        from components.training.safe_wandb import SafeWandbLogger
 
         tags = list(dict.fromkeys(component_tags(root) + list(lc.tags)))
-        wandb_logger = WandbLogger(
+        kwargs = dict(
             name=run_name,
             project=lc.project,
             entity=lc.entity,
             group=lc.group or default_run_name(root),
             tags=tags,
             save_dir=run_dir,
-            offline=mode == "offline",
             id=resume_id,
             resume="allow" if resume_id else None,
             config=config_dict,
-            settings=_wandb_settings(),
         )
+        wandb_logger = SafeWandbLogger(offline=mode == "offline", settings=_wandb_settings(lc.init_timeout_s), **kwargs)
+        if _is_global_zero() and mode == "online":
+            try:
+                wandb_logger.experiment  # start the run now, so a failure is handled before training
+            except Exception as err:  # wandb raises several types for network and auth failures
+                print(f"warning: W&B online run could not start ({type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}); recording it offline in {run_dir}/wandb instead (upload later with `wandb sync`)")
+                _finish_quietly()
+                os.environ["WANDB_MODE"] = "offline"
+                wandb_logger = SafeWandbLogger(offline=True, settings=_wandb_settings(lc.init_timeout_s), **kwargs)
         loggers.append(wandb_logger)
     return loggers, wandb_logger
 
 
-def _wandb_settings() -> Any:
+def _finish_quietly(exit_code: int = 1) -> None:
+    import wandb
+
+    try:
+        wandb.finish(exit_code=exit_code)
+    except Exception:
+        pass
+
+
+def _wandb_settings(init_timeout_s: float = 90.0) -> Any:
     import wandb
 
     # no code saving or console capture: runs stay small and never block on the network
-    return wandb.Settings(save_code=False, console="off", silent=True)
+    return wandb.Settings(save_code=False, console="off", silent=True, init_timeout=init_timeout_s)

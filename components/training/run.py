@@ -80,8 +80,12 @@ def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from components.training.checkpoint_io import AtomicCheckpointIO
+    from components.training.strategies import build_strategy
 
     t = root.trainer
+    strategy = build_strategy(t)
+    # sharded checkpoints are written by torch.distributed.checkpoint (atomic in the strategy itself)
+    plugins = [] if t.strategy == "fsdp2" else [AtomicCheckpointIO()]
     checkpoint = ModelCheckpoint(
         dirpath=os.path.join(run_dir, "checkpoints"),
         filename="step={step}",
@@ -96,7 +100,7 @@ def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list
         accelerator=t.accelerator,
         devices=t.devices,
         num_nodes=t.num_nodes,
-        strategy=t.strategy,
+        strategy=strategy,
         precision=t.precision,
         max_steps=t.max_steps,
         max_epochs=-1,
@@ -112,7 +116,7 @@ def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list
         deterministic=t.deterministic,
         callbacks=[checkpoint, *callbacks],
         logger=loggers,
-        plugins=[AtomicCheckpointIO()],
+        plugins=plugins,
         default_root_dir=run_dir,
         use_distributed_sampler=False,
     )
@@ -124,12 +128,15 @@ def train(root: RootConfig, run_dir: str) -> dict[str, Any]:
     import wandb
 
     from components.training.callbacks.depth_weights import DepthWeights
+    from components.training.callbacks.fault_injection import FaultInjection
     from components.training.callbacks.throughput import Throughput
     from components.training.datamodule import TokenDataModule
     from components.training.lit_module import LanguageModelModule
     from components.training.loggers import build_loggers, default_run_name
 
     os.makedirs(run_dir, exist_ok=True)
+    # processes Lightning starts for the other ranks re-run train.py: they must write here too
+    os.environ["K3_RUN_DIR"] = run_dir
     L.seed_everything(root.seed, workers=True, verbose=False)
     ckpt = resolve_resume(root.ckpt_path, run_dir)
 
@@ -145,7 +152,11 @@ def train(root: RootConfig, run_dir: str) -> dict[str, Any]:
     resume_id = run_info.get("wandb_id") if ckpt is not None else None
     config_dict = to_container(root)
     loggers, wandb_logger = build_loggers(root, run_dir, run_name, config_dict, resume_id)
-    trainer = build_trainer(root, run_dir, [throughput, DepthWeights(run_dir)], loggers)
+    callbacks = [throughput, DepthWeights(run_dir)]
+    fault = FaultInjection.from_env()
+    if fault is not None:
+        callbacks.append(fault)
+    trainer = build_trainer(root, run_dir, callbacks, loggers)
 
     if trainer.is_global_zero:
         print(f"run folder: {run_dir}")
@@ -171,7 +182,10 @@ def train(root: RootConfig, run_dir: str) -> dict[str, Any]:
             run_info["status"] = status
             _write_json(os.path.join(run_dir, "run.json"), run_info)
         if wandb_logger is not None:
-            wandb.finish(exit_code=0 if status == "finished" else 1)
+            try:
+                wandb.finish(exit_code=0 if status == "finished" else 1)
+            except Exception as err:  # a W&B failure never turns a finished run into a failed one
+                print(f"warning: W&B could not finish the run cleanly ({type(err).__name__}: {err})")
 
     summary: dict[str, Any] = {
         "name": run_name,
