@@ -88,8 +88,8 @@ def build_loggers(root: Any, run_dir: str, run_name: str, config_dict: dict, res
             except Exception as err:  # wandb raises several types for network and auth failures
                 print(f"warning: W&B online run could not start ({type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}); recording it offline in {run_dir}/wandb instead (upload later with `wandb sync`)")
                 _finish_quietly()
-                os.environ["WANDB_MODE"] = "offline"
-                wandb_logger = SafeWandbLogger(offline=True, settings=_wandb_settings(lc.init_timeout_s), **kwargs)
+                os.environ["WANDB_MODE"] = "offline"  # also for any later wandb.init in this process
+                wandb_logger = SafeWandbLogger(offline=True, mode="offline", settings=_wandb_settings(lc.init_timeout_s), **kwargs)
         loggers.append(wandb_logger)
     return loggers, wandb_logger
 

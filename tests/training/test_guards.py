@@ -1,0 +1,81 @@
+"""Guarded training: non-finite steps stop (or are skipped) naming the step with the last checkpoint
+intact; W&B failures never end a run."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from components.training.checkpoint_io import load_checkpoint_file
+from components.training.jsonl_logger import read_metrics
+from tests.conftest import run_train
+from tests.training.test_train import FAST, only_run_dir
+
+EXPLODING = [*FAST, "trainer.max_steps=30", "optimizer.lr=1e6", "optimizer.warmup_steps=0", "trainer.checkpoint_every_n_steps=1",
+             "trainer.val_check_interval=1000", "logger=csv"]
+
+
+def _all_finite(state: dict) -> bool:
+    return all(torch.isfinite(t).all() for t in state.values() if torch.is_tensor(t) and t.is_floating_point())
+
+
+def test_planted_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    result = run_train(*EXPLODING, f"output_root={tmp_path}")
+    assert result.returncode == 3, result.stderr[-3000:]
+    match = re.search(r"error: non-finite (loss|gradient norm) at optimizer step (\d+): training stopped before the update", result.stderr)
+    assert match, result.stderr[-3000:]
+    bad_step = int(match.group(2))
+    run_dir = only_run_dir(tmp_path)
+    last = load_checkpoint_file(str(run_dir / "checkpoints" / "last.ckpt"))
+    assert last["global_step"] == bad_step - 1  # the update of the bad step was never applied or saved
+    assert _all_finite(last["state_dict"])
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+
+
+def test_skip_mode_leaves_weights_untouched_then_gives_up(tmp_path):
+    result = run_train(*EXPLODING, "trainer.on_nonfinite=skip", "trainer.max_skipped_steps=3", f"output_root={tmp_path}")
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "(3 steps skipped in a row, trainer.max_skipped_steps=3)" in result.stderr
+    run_dir = only_run_dir(tmp_path)
+    skipped = [r["train/skipped_steps"] for r in read_metrics(str(run_dir / "metrics.jsonl")) if "train/skipped_steps" in r]
+    assert skipped == [1.0, 2.0, 3.0]
+    checkpoints = sorted(run_dir.glob("checkpoints/step=*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+    last_three = [load_checkpoint_file(str(p))["state_dict"] for p in checkpoints[-3:]]
+    for later in last_three[1:]:  # skipped steps changed no weight
+        assert all(torch.equal(later[k], last_three[0][k]) for k in later)
+
+
+def test_unreachable_wandb_server_falls_back_to_offline(tmp_path):
+    env = {"WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_MODE": ""}
+    result = run_train(*FAST, "trainer.max_steps=2", "logger=wandb", "logger.mode=online", "logger.init_timeout_s=5",
+                       f"output_root={tmp_path}", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "warning: W&B online run could not start" in result.stdout
+    run_dir = only_run_dir(tmp_path)
+    offline = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1
+    assert json.loads((run_dir / "run.json").read_text())["wandb_id"] in offline[0].name
+    assert not math.isnan(json.loads((run_dir / "summary.json").read_text())["val"]["loss"])
+
+
+def test_wandb_logging_failure_mid_run_switches_wandb_off(monkeypatch, capsys):
+    from lightning.pytorch.loggers import WandbLogger
+
+    from components.training.safe_wandb import SafeWandbLogger
+
+    calls = []
+
+    def broken(self, metrics, step=None):
+        calls.append(step)
+        raise ConnectionError("server went away")
+
+    monkeypatch.setattr(WandbLogger, "log_metrics", broken)
+    logger = SafeWandbLogger(offline=True, mode="offline")
+    logger.log_metrics({"train/loss": 1.0}, step=1)
+    logger.log_metrics({"train/loss": 0.9}, step=2)  # no second attempt, no exception
+    assert calls == [1] and logger.broken
+    assert "W&B logging failed (ConnectionError: server went away)" in capsys.readouterr().out
