@@ -24,6 +24,7 @@ def task(cfg: DictConfig) -> float | None:
     warnings.filterwarnings("ignore", message=".*IterableDataset.*has `__len__` defined.*")
     # validation metrics are summed over ranks before logging (lit_module.on_validation_epoch_end)
     warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
+    warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")  # resuming
 
     from components.config import validate
     from components.registry import ConfigError

@@ -28,6 +28,15 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = RMSNorm(d_model, norm_eps)
         self.ffn = FFNS.build(spec.ffn, d_model, spec.index, init_std, out_init_std)
 
+    def forward(self, state: Any, residual: nn.Module, mixer_state: Any = None, offset: int = 0) -> Any:
+        """Both sublayers on the residual scheme's ``state`` (one call, so wrappers such as FSDP2 that
+        hook a module's forward see the whole layer)."""
+        s = 2 * self.index
+        x = residual.read(state, s, self.mixer_norm)
+        state = residual.write(state, s, self.mixer(x, state=mixer_state, offset=offset))
+        x = residual.read(state, s + 1, self.ffn_norm)
+        return residual.write(state, s + 1, self.ffn(x))
+
 
 class Decoder(nn.Module):
     """``model(input_ids [B, T]) -> logits [B, T, vocab]``; ``cache=`` for incremental decoding."""
@@ -60,12 +69,8 @@ class Decoder(nn.Module):
         offset = cache.seq_len if cache is not None else 0
         state = self.residual.start(self.embed(input_ids))  # embedding: [B, T, d]
         for layer in self.layers:
-            s = 2 * layer.index
             mixer_state = cache.layer(layer.index, layer.mixer, B) if cache is not None else None
-            x = self.residual.read(state, s, layer.mixer_norm)
-            state = self.residual.write(state, s, layer.mixer(x, state=mixer_state, offset=offset))
-            x = self.residual.read(state, s + 1, layer.ffn_norm)
-            state = self.residual.write(state, s + 1, layer.ffn(x))
+            state = layer(state, self.residual, mixer_state, offset)
         if cache is not None:
             cache.seq_len += T
         return self.residual.finish(state, self.norm)

@@ -112,6 +112,21 @@ def orthogonalized_update(update: Tensor, layout: MatrixLayout, ns_steps: int = 
     return layout.from_blocks(blocks, update.shape).to(update.dtype), 0.2 * math.sqrt(max(a, b))
 
 
+def orthogonalized_update_any(update: Tensor, layout: MatrixLayout, ns_steps: int = 5) -> tuple[Tensor, float]:
+    """``orthogonalized_update`` for a plain tensor or a sharded one (FSDP2 DTensor).
+
+    Newton-Schulz needs whole matrices: a sharded update is gathered, orthogonalised on every rank
+    (the same result everywhere), and each rank keeps its own shard of the result.
+    """
+    full_tensor = getattr(update, "full_tensor", None)
+    if full_tensor is None:
+        return orthogonalized_update(update, layout, ns_steps)
+    from torch.distributed.tensor import distribute_tensor
+
+    ortho, scale = orthogonalized_update(full_tensor(), layout, ns_steps)
+    return distribute_tensor(ortho, update.device_mesh, update.placements, src_data_rank=None), scale
+
+
 class Muon(torch.optim.Optimizer):
     """Muon for the groups marked ``use_muon=True``, AdamW for the rest; one ``lr`` schedule for both.
 
@@ -156,7 +171,7 @@ class Muon(torch.optim.Optimizer):
             buf = state["momentum_buffer"]
             buf.lerp_(g, 1 - mu)
             update = g.lerp(buf, mu) if group["nesterov"] else buf
-            ortho, scale = orthogonalized_update(update, MatrixLayout(*layout), group["ns_steps"])
+            ortho, scale = orthogonalized_update_any(update, MatrixLayout(*layout), group["ns_steps"])
             p.mul_(1 - lr * wd)  # decoupled decay uses the unscaled lr (Moonlight, torch)
             p.add_(ortho, alpha=-lr * scale)
 
