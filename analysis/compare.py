@@ -3,8 +3,9 @@
     python -m analysis.compare RUNS... [--out outputs/compare] [--html]
 
 RUNS: sweep folders (their ``index.jsonl`` lists the jobs and the options the sweep varied), run folders
-(``summary.json`` + ``metrics.jsonl``), or W&B offline run directories inside a run folder
-(``<run>/wandb/offline-run-*``: read through their run folder, which holds the same logged values).
+(``summary.json`` + ``metrics.jsonl``), W&B offline run directories inside a run folder
+(``<run>/wandb/offline-run-*``: read through their run folder, which holds the same logged values), or
+online W&B runs: ``wandb:ENTITY/PROJECT`` or ``wandb:ENTITY/PROJECT/GROUP`` (analysis/wandb_source.py).
 
 Writes into ``--out``:
 * ``table.md`` / ``table.csv``: per run its varied options, steps, final and best validation loss and
@@ -38,7 +39,7 @@ from components.training.jsonl_logger import read_metrics
 
 @dataclass
 class Run:
-    run_dir: Path
+    run_dir: Optional[Path]  # None for runs read from the W&B server
     label: str
     varied: dict[str, str]
     summary: dict[str, Any]
@@ -78,10 +79,19 @@ def _load_run(run_dir: Path, varied: Optional[dict[str, str]] = None) -> Run:
     return Run(run_dir, label, varied, summary, metrics)
 
 
-def collect(paths: list[str]) -> list[Run]:
-    """Runs of every path (sweep folder, run folder, or W&B offline run directory), in order."""
+def collect(paths: list[str], wandb_api: Any = None) -> list[Run]:
+    """Runs of every path (sweep folder, run folder, W&B offline run directory or online W&B
+    project/group), in order."""
+    from analysis import wandb_source
+
     runs: list[Run] = []
-    for p in map(Path, paths):
+    for path in paths:
+        if wandb_source.is_wandb_path(path):
+            for run_id, varied, summary, metrics in wandb_source.fetch_runs(path, wandb_api):
+                label = ", ".join(f"{k}={v}" for k, v in varied.items()) or summary.get("name") or run_id
+                runs.append(Run(None, label, varied, summary, metrics))
+            continue
+        p = Path(path)
         if p.name.startswith("offline-run-") and p.parent.name == "wandb":
             p = p.parent.parent
         if (p / INDEX_FILE).exists():
@@ -112,7 +122,7 @@ def table_rows(runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
     for r in runs:
         loss_final, loss_best = r.final_and_best("loss")
         m_final, m_best = r.final_and_best(metric, higher_is_better=higher)
-        rows.append([r.summary.get("name", r.run_dir.name), *[r.varied.get(k, "") for k in varied_keys], r.summary.get("steps"),
+        rows.append([r.summary.get("name") or (r.run_dir.name if r.run_dir else ""), *[r.varied.get(k, "") for k in varied_keys], r.summary.get("steps"),
                      loss_final, loss_best, m_final, m_best, _round(r.summary.get("tokens_per_s")), r.summary.get("params"), r.summary.get("active_params")])
     return header, rows
 
@@ -223,7 +233,7 @@ def plot_depth(runs: list[Run], out: Path) -> list[Path]:
 
     paths = []
     for i, r in enumerate(runs):
-        if (r.run_dir / "depth_weights.json").exists():
+        if r.run_dir is not None and (r.run_dir / "depth_weights.json").exists():
             history = load(str(r.run_dir))
             if history:
                 path = out / f"depth_{i}.png"
@@ -245,8 +255,8 @@ def write_html(out: Path, tables: list[tuple[str, list[str], list[list[Any]]]], 
     return path
 
 
-def compare(paths: list[str], out: str, make_html: bool = False) -> dict[str, Any]:
-    runs = collect(paths)
+def compare(paths: list[str], out: str, make_html: bool = False, wandb_api: Any = None) -> dict[str, Any]:
+    runs = collect(paths, wandb_api)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     header, rows = table_rows(runs)
@@ -273,7 +283,7 @@ def compare(paths: list[str], out: str, make_html: bool = False) -> dict[str, An
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", help="sweep folders, run folders or W&B offline run directories")
+    p.add_argument("runs", nargs="+", help="sweep folders, run folders, W&B offline run directories, or wandb:ENTITY/PROJECT[/GROUP]")
     p.add_argument("--out", default="outputs/compare", help="output folder (default: outputs/compare)")
     p.add_argument("--html", action="store_true", help="also write index.html with the tables and figures")
     args = p.parse_args(argv)

@@ -31,14 +31,14 @@ from torch import nn
 from components.config import validate
 from components.launch import compose, strip_hydra
 from components.model import Decoder
+from components.nn.meta_model import build_on_meta
 from components.registry import ConfigError
 
 
 def build_meta(overrides: list[str]) -> Decoder:
     """The composed, validated model on the meta device."""
     root = validate(strip_hydra(compose(overrides)))
-    with torch.device("meta"):
-        return Decoder(root)
+    return build_on_meta(root)
 
 
 def stored_tensors(module: nn.Module) -> "OrderedDict[str, torch.Tensor]":

@@ -154,6 +154,14 @@ def _check_launcher(cfg_with_hydra: DictConfig) -> None:
             raise ConfigError(f"hydra.launcher.{key}", f"must be a positive number, got {values[key]!r} (the SLURM launcher takes it from trainer.num_nodes / trainer.devices: give trainer.devices as a number)")
 
 
+def swept_keys(overrides: list[str]) -> list[str]:
+    """Keys given a sweep (comma list, range, choice, interval) on the command line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    return [o.get_key_element().lstrip("+~") for o in parser.parse_overrides(overrides) if o.is_sweep_override()]
+
+
 def varied_keys(jobs: list[list[str]]) -> list[str]:
     """Keys whose value differs between the jobs of a sweep, in override order."""
     seen: dict[str, set[str]] = {}
@@ -221,7 +229,9 @@ def run(task: Callable[[DictConfig], Any], argv: Optional[list[str]] = None) -> 
                 jobs = expand_sweep(overrides, first)
                 for job in jobs:
                     check_fits(validate_overrides(job))
-                os.environ[VARIED_ENV] = json.dumps(varied_keys(jobs))
+                varied = varied_keys(jobs)
+                varied += [k for k in swept_keys(overrides) if k not in varied]  # searched (Optuna) keys too
+                os.environ[VARIED_ENV] = json.dumps(varied)
             else:
                 root = validate_overrides(overrides)
                 check_fits(root)

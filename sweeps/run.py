@@ -8,6 +8,11 @@ A study is ``sweeps/<STUDY>.yaml``:
       k3_hybrid: [mixer=kda, +mixer@mixers.mla=mla, ...]
     grid:              # optional Hydra basic-sweeper axes crossed with every point (comma lists)
       ffn.activation: swiglu,situ_glu
+    search:            # optional: an Optuna (TPE) search instead of a grid, per point
+      n_trials: 8      #   trials, run one after another so each learns from the previous ones
+      direction: minimize   # of the final validation loss each job returns
+      params:          #   Hydra's sweep syntax: interval (continuous), tag(log, ...), choice, range
+        optimizer.lr: tag(log, interval(1e-3, 3e-2))
     seeds: [0]         # each point repeated over these seeds (a `seed` axis when more than one)
     overrides: [...]   # fixed, CPU-friendly scale; anything on the command line comes after and wins
     smoke: [...]       # added by --smoke: a few steps, for the test suite
@@ -45,17 +50,44 @@ def load_study(name: str) -> dict[str, Any]:
     if not path.exists():
         raise SystemExit(f"error: study '{name}' not found; studies: {', '.join(study_names())}")
     study = yaml.safe_load(path.read_text()) or {}
-    unknown = set(study) - {"description", "points", "grid", "seeds", "overrides", "smoke"}
+    allowed = ("description", "points", "grid", "search", "seeds", "overrides", "smoke")
+    unknown = set(study) - set(allowed)
     if unknown:
-        raise SystemExit(f"error: {path.name}: unknown keys {', '.join(sorted(unknown))}; allowed: description, points, grid, seeds, overrides, smoke")
+        raise SystemExit(f"error: {path.name}: unknown keys {', '.join(sorted(unknown))}; allowed: {', '.join(allowed)}")
+    search = study.get("search")
+    if search is not None:
+        bad = set(search) - set(SEARCH_KEYS)
+        if bad or not search.get("params"):
+            raise SystemExit(f"error: {path.name}: search needs 'params' and takes only {', '.join(SEARCH_KEYS)}" + (f" (unknown: {', '.join(sorted(bad))})" if bad else ""))
+        if study.get("grid"):
+            raise SystemExit(f"error: {path.name}: 'grid' and 'search' cannot be combined (put fixed choices in points)")
+        study.setdefault("points", {"search": []})
     if not study.get("points"):
         raise SystemExit(f"error: {path.name}: 'points' must name at least one override set")
     return study
 
 
+SEARCH_KEYS = ("n_trials", "direction", "params", "sampler_seed")
+
+
+def search_overrides(search: dict[str, Any]) -> list[str]:
+    """Hydra overrides that run an Optuna TPE search: the sweeper, its settings, and the search space
+    as sweep overrides (which the Optuna sweeper reads as distributions)."""
+    return [
+        "hydra/sweeper=optuna",
+        f"hydra.sweeper.n_trials={int(search.get('n_trials', 8))}",
+        f"hydra.sweeper.direction={search.get('direction', 'minimize')}",
+        f"hydra.sweeper.sampler.seed={int(search.get('sampler_seed', 0))}",
+        "hydra.sweeper.n_jobs=1",
+        *[f"{k}={v}" for k, v in search["params"].items()],
+    ]
+
+
 def commands(name: str, study: dict[str, Any], extra: list[str], smoke: bool, sweep_dir: Path) -> list[tuple[str, list[str]]]:
     """(point, train.py argv) for every point of the study."""
     grid = [f"{k}={v}" for k, v in (study.get("grid") or {}).items()]
+    if study.get("search"):
+        grid = search_overrides(study["search"])
     seeds = study.get("seeds") or [0]
     seed_axis = [f"seed={','.join(str(s) for s in seeds)}"]
     fixed = list(study.get("overrides") or []) + (list(study.get("smoke") or []) if smoke else [])
@@ -69,14 +101,45 @@ def commands(name: str, study: dict[str, Any], extra: list[str], smoke: bool, sw
     return out
 
 
+def run_points(cmds: list[tuple[str, list[str]]], output_root: Path, env: dict[str, str], jobs: int = 1) -> list[str]:
+    """Run every point's multirun, up to ``jobs`` at once; returns the points that failed. A
+    configuration error (exit 2) stops launching further points: they would fail alike."""
+    pending, running, failed = list(cmds), [], []
+    config_error = False
+    while pending or running:
+        while pending and len(running) < max(1, jobs) and not config_error:
+            point, cmd = pending.pop(0)
+            argv = [sys.executable, str(REPO / "train.py"), *cmd, f"output_root={output_root}"]
+            running.append((point, subprocess.Popen(argv, cwd=REPO, env={**env, POINT_ENV: point})))
+        if not running:
+            break
+        done = next((item for item in running if item[1].poll() is not None), None)
+        if done is None:
+            time.sleep(0.2)
+            continue
+        running.remove(done)
+        if done[1].returncode != 0:
+            failed.append(done[0])
+            config_error = config_error or done[1].returncode == 2
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("study", help="one of: " + ", ".join(study_names()))
     p.add_argument("--smoke", action="store_true", help="add the study's smoke overrides (a few steps)")
     p.add_argument("--dry-run", action="store_true", help="print the train.py commands without running them")
     p.add_argument("--output-root", default="outputs", help="the sweep folder goes under <output-root>/sweeps/")
+    p.add_argument("--jobs", type=int, default=1, help="points run at once (default 1; each point's jobs still run one after another)")
+    p.add_argument("--points", default=None, help="comma-separated subset of the study's points to run (default: all)")
     args, extra = p.parse_known_args(argv)
     study = load_study(args.study)
+    if args.points:
+        chosen = [x.strip() for x in args.points.split(",") if x.strip()]
+        unknown = [x for x in chosen if x not in study["points"]]
+        if unknown:
+            raise SystemExit(f"error: --points: {', '.join(unknown)} not in study '{args.study}'; its points: {', '.join(study['points'])}")
+        study["points"] = {k: v for k, v in study["points"].items() if k in chosen}
     sweep_dir = Path(args.output_root).resolve() / "sweeps" / f"{args.study}{'-smoke' if args.smoke else ''}-{time.strftime('%Y%m%d-%H%M%S')}"
     cmds = commands(args.study, study, extra, args.smoke, sweep_dir)
     if args.dry_run:
@@ -85,14 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"study {args.study}: {study.get('description', '')}\nsweep folder: {sweep_dir}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    failed = []
-    for point, cmd in cmds:
-        result = subprocess.run([sys.executable, str(REPO / "train.py"), *cmd, f"output_root={Path(args.output_root).resolve()}"],
-                                cwd=REPO, env={**env, POINT_ENV: point})
-        if result.returncode != 0:
-            failed.append(point)
-            if result.returncode == 2:  # a configuration error: the other points would fail alike
-                break
+    failed = run_points(cmds, Path(args.output_root).resolve(), env, args.jobs)
     print(f"sweep folder: {sweep_dir}\ncompare: python -m analysis.compare {sweep_dir}")
     if failed:
         print(f"error: points failed: {', '.join(failed)}", file=sys.stderr)

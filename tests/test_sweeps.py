@@ -18,19 +18,49 @@ def test_the_studies_exist():
     assert {"mixers", "ffn_activation", "moe_form", "balancer", "residual", "k3_decisions"} <= set(STUDIES)
 
 
-# k3_decisions trains seven k3_small variants (about a minute here): slow, like tests/test_k3_experiments.py's training
-@pytest.mark.parametrize("study", [pytest.param(s, marks=pytest.mark.slow) if s == "k3_decisions" else s for s in STUDIES])
+# The default suite trains two points of every study end to end (and composes and validates every job of
+# every point below); the slow suite trains all of them, k3_decisions included (seven k3_small variants).
+SMOKE_POINTS = {"mixers": "gqa,k3_hybrid", "moe_form": "dense,stable_latent_moe", "balancer": "none,qb", "residual": "full_attnres,block2"}
+
+
+@pytest.mark.parametrize("study", [s for s in STUDIES if s != "k3_decisions"])
 def test_study_smoke_runs_end_to_end(tmp_path, study):
-    assert main([study, "--smoke", "--output-root", str(tmp_path)]) == 0
+    _smoke(tmp_path, study, SMOKE_POINTS.get(study))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_point_of_every_study_trains(tmp_path, study):
+    _smoke(tmp_path, study, None)
+
+
+def test_every_job_of_every_study_composes_and_validates():
+    from components.launch import expand_sweep, validate_overrides
+
+    for study in STUDIES:
+        for point, argv in commands(study, load_study(study), [], True, Path("/tmp/unused")):
+            overrides = [a for a in argv if a != "-m" and not a.startswith("hydra") and not a.startswith("hydra/")]
+            for job in expand_sweep(overrides):
+                validate_overrides(job)  # raises ConfigError naming the key
+
+
+def _smoke(tmp_path: Path, study: str, points: str | None) -> None:
+    assert main([study, "--smoke", "--jobs", "2", "--output-root", str(tmp_path), *(["--points", points] if points else [])]) == 0
     (sweep_dir,) = list((tmp_path / "sweeps").iterdir())
     spec = load_study(study)
+    chosen = points.split(",") if points else list(spec["points"])
     index = read_index(str(sweep_dir))
     n_seeds = len(spec.get("seeds") or [0])
-    assert len(index) == len(spec["points"]) * n_seeds and {e["status"] for e in index} == {"finished"}
-    assert {e["varied"]["point"] for e in index} == set(spec["points"])
+    searched = set(spec.get("search", {}).get("params", {}))
+    trials = 2 if searched else n_seeds  # the smoke variant of a search runs 2 trials
+    assert len(index) == len(chosen) * trials and {e["status"] for e in index} == {"finished"}
+    assert {e["varied"]["point"] for e in index} == set(chosen)
     if n_seeds > 1:
         assert {e["varied"]["seed"] for e in index} == {str(s) for s in spec["seeds"]}
-    assert all(set(e["varied"]) <= {"point", "seed"} for e in index)  # fixed overrides are not "varied"
+    assert all(set(e["varied"]) == {"point", *searched} | ({"seed"} if n_seeds > 1 else set()) for e in index)  # fixed overrides are not "varied"
+    if searched:  # the Optuna sweeper's verdict, and every trial tagged with the values it tried
+        assert "best_params" in (sweep_dir / "optimization_results.yaml").read_text()
+        assert len({e["varied"]["optimizer.lr"] for e in index}) == 2
     result = compare([str(sweep_dir)], str(tmp_path / "cmp"))
     assert result["runs"] == len(index)
     summary = json.loads((Path(index[0]["run_dir"]) / "summary.json").read_text())

@@ -20,10 +20,9 @@ BYTES_PER_PARAM = 16  # weight + gradient + two optimizer moments, fp32
 
 def training_floor_bytes(root: Any) -> tuple[int, int]:
     """(bytes, parameters) of weights + gradients + optimizer state for ``root``'s model."""
-    from components.model import Decoder
+    from components.nn.meta_model import build_on_meta
 
-    with torch.device("meta"):
-        model = Decoder(root)
+    model = build_on_meta(root)
     n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     return n * BYTES_PER_PARAM, n
 

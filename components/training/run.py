@@ -125,7 +125,6 @@ def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list
 def train(root: RootConfig, run_dir: str) -> dict[str, Any]:
     """Train one configuration in ``run_dir``; returns the summary (also written to summary.json)."""
     import lightning as L
-    import wandb
 
     from components.training.callbacks.depth_weights import DepthWeights
     from components.training.callbacks.fault_injection import FaultInjection
@@ -177,11 +176,20 @@ def train(root: RootConfig, run_dir: str) -> dict[str, Any]:
         trainer.fit(module, datamodule=data, ckpt_path=ckpt)
         trainer.validate(module, datamodule=data, verbose=False)  # final metrics after the last step
         status = "finished"
+        if wandb_logger is not None and trainer.is_global_zero and not wandb_logger.broken:
+            # what analysis.compare reads from an online project besides the logged history
+            wandb_logger.guarded("summary", wandb_logger.experiment.summary.update, {
+                "steps": trainer.global_step, "train_tokens": throughput.total_tokens,
+                "tokens_per_s": throughput.total_tokens / max(throughput.train_seconds, 1e-9),
+                "params": model.num_params(), "active_params": model.active_params(),
+            })
     finally:
         if trainer.is_global_zero:
             run_info["status"] = status
             _write_json(os.path.join(run_dir, "run.json"), run_info)
         if wandb_logger is not None:
+            import wandb
+
             try:
                 wandb.finish(exit_code=0 if status == "finished" else 1)
             except Exception as err:  # a W&B failure never turns a finished run into a failed one

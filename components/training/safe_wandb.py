@@ -13,7 +13,7 @@ class SafeWandbLogger(WandbLogger):
 
     broken = False
 
-    def _guard(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def guarded(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if self.broken:
             return None
         try:
@@ -24,13 +24,13 @@ class SafeWandbLogger(WandbLogger):
             return None
 
     def log_metrics(self, metrics: Any, step: Any = None) -> None:
-        self._guard("logging", super().log_metrics, metrics, step)
+        self.guarded("logging", super().log_metrics, metrics, step)
 
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        self._guard("config logging", super().log_hyperparams, params, *args, **kwargs)
+        self.guarded("config logging", super().log_hyperparams, params, *args, **kwargs)
 
     def finalize(self, status: str) -> None:
-        self._guard("finalize", super().finalize, status)
+        self.guarded("finalize", super().finalize, status)
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-        self._guard("checkpoint bookkeeping", super().after_save_checkpoint, checkpoint_callback)
+        self.guarded("checkpoint bookkeeping", super().after_save_checkpoint, checkpoint_callback)
