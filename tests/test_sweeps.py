@@ -75,3 +75,17 @@ def test_command_line_overrides_win_over_the_study():
 def test_unknown_study_is_one_clear_error():
     with pytest.raises(SystemExit, match="study 'nope' not found; studies: "):
         main(["nope"])
+
+
+def test_a_study_goes_to_slurm_with_the_launcher_override():
+    """`python -m sweeps.run STUDY hydra/launcher=slurm trainer=slurm`: every point's multirun composes
+    with the submitit launcher shaped by the trainer preset (nothing is submitted here)."""
+    from omegaconf import OmegaConf
+
+    from components.launch import compose
+
+    for point, argv in commands("balancer", load_study("balancer"), ["hydra/launcher=slurm", "trainer=slurm", "trainer.num_nodes=2"], False, Path("/tmp/x")):
+        overrides = [a for a in argv if a != "-m" and not a.startswith("hydra.sweep")]
+        cfg = compose([o for o in overrides if "," not in o])
+        launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+        assert launcher["_target_"].endswith("SlurmLauncher") and (launcher["nodes"], launcher["tasks_per_node"]) == (2, 8), point
