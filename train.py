@@ -46,7 +46,9 @@ def task(cfg: DictConfig) -> float | None:
         root.logger.tags = list(dict.fromkeys([*root.logger.tags, *job.tags()]))
     run_dir = HydraConfig.get().runtime.output_dir
     try:
-        summary = train(root, run_dir)
+        # the sweep's point and varied options as config fields too: W&B's parallel coordinates and
+        # group-by read config, not tags
+        summary = train(root, run_dir, {"sweep": {"group": job.group, **job.varied}} if job is not None else None)
     except BaseException as err:
         if job is not None:
             job.record(run_dir, "failed", None)

@@ -122,8 +122,11 @@ def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list
     )
 
 
-def train(root: RootConfig, run_dir: str) -> dict[str, Any]:
-    """Train one configuration in ``run_dir``; returns the summary (also written to summary.json)."""
+def train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Train one configuration in ``run_dir``; returns the summary (also written to summary.json).
+
+    ``extra_config``: more fields for the W&B run's config (a sweep job's point and varied options).
+    """
     import lightning as L
 
     from components.training.callbacks.depth_weights import DepthWeights
@@ -149,7 +152,7 @@ def train(root: RootConfig, run_dir: str) -> dict[str, Any]:
     run_name = root.name or default_run_name(root)
     run_info = _read_json(os.path.join(run_dir, "run.json"))
     resume_id = run_info.get("wandb_id") if ckpt is not None else None
-    config_dict = to_container(root)
+    config_dict = {**to_container(root), **(extra_config or {})}
     loggers, wandb_logger = build_loggers(root, run_dir, run_name, config_dict, resume_id)
     callbacks = [throughput, DepthWeights(run_dir)]
     fault = FaultInjection.from_env()

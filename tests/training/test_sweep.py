@@ -34,6 +34,7 @@ def test_two_by_two_multirun_groups_tags_and_indexes(tmp_path):
         assert info["state"] == "finished" and info["exit_code"] == 0
         assert {f"mixer={entry['varied']['mixer']}", f"ffn.activation={entry['varied']['ffn.activation']}"} <= set(info["tags"])
         assert info["config"]["logger"]["group"] == f"sweep-{sweep_dir.name}"
+        assert info["config"]["sweep"] == {"group": f"sweep-{sweep_dir.name}", **entry["varied"]}  # varied options as config fields
         records = subprocess.run([wandb_cli, "leet", "inspect", "--json", str(run)], capture_output=True, text=True, timeout=120).stdout
         run_record = next(json.loads(line)["run"] for line in records.splitlines() if '"type":"run"' in line)
         assert run_record["run_group"] == f"sweep-{sweep_dir.name}"
