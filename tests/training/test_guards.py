@@ -79,3 +79,27 @@ def test_wandb_logging_failure_mid_run_switches_wandb_off(monkeypatch, capsys):
     logger.log_metrics({"train/loss": 0.9}, step=2)  # no second attempt, no exception
     assert calls == [1] and logger.broken
     assert "W&B logging failed (ConnectionError: server went away)" in capsys.readouterr().out
+
+
+def test_resume_continues_the_same_wandb_run(tmp_path):
+    """A killed run resumed with ckpt_path=last logs into the same W&B run id (offline: a second
+    directory of the same run, which `wandb sync` uploads as one run)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    common = [*FAST, "trainer.max_steps=4", "trainer.checkpoint_every_n_steps=2", "trainer.val_check_interval=100", "logger=wandb", f"output_root={tmp_path}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
+    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *common], cwd=REPO, env={**env, "K3_KILL_AFTER_MICROBATCH": "2"},
+                            capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    first_id = json.loads((run_dir / "run.json").read_text())["wandb_id"]
+    resumed = run_train(*common, "ckpt_path=last", env={"WANDB_MODE": "offline"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run_dir / "run.json").read_text())["wandb_id"] == first_id
+    runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(p.name.endswith(f"-{first_id}") for p in runs)
