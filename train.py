@@ -45,6 +45,9 @@ def task(cfg: DictConfig) -> float | None:
         root.logger.group = root.logger.group or job.group
         root.logger.tags = list(dict.fromkeys([*root.logger.tags, *job.tags()]))
     run_dir = HydraConfig.get().runtime.output_dir
+    if job is not None:
+        # ranks Lightning spawns re-run this script with sys.argv: give them this job, not the whole sweep
+        sys.argv = [sys.argv[0], *HydraConfig.get().overrides.task]
     try:
         # the sweep's point and varied options as config fields too: W&B's parallel coordinates and
         # group-by read config, not tags
@@ -54,7 +57,10 @@ def task(cfg: DictConfig) -> float | None:
             job.record(run_dir, "failed", None)
         if isinstance(err, NonFiniteTrainingError):
             print(f"error: {err}", file=sys.stderr)
-            sys.exit(3)
+            if job is None:
+                sys.exit(3)
+            # in a sweep, a failed job (an exception, not an exit) lets the sweeper go on with the others:
+            # the basic sweeper reports it at the end, the Optuna sweeper counts it as a failed trial
         raise
     if job is not None:
         job.record(run_dir, "finished", summary)

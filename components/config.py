@@ -83,8 +83,9 @@ class TrainerConfig:
     # sharded checkpoints). Both keep one global batch = data.batch_size rows split over the ranks.
     strategy: str = "auto"
     # what a non-finite loss or gradient norm does: "stop" ends the run naming the step (the last
-    # checkpoint stays the last good one); "skip" leaves weights and optimizer state untouched for
-    # that step and goes on (at most max_skipped_steps in a row, then stops)
+    # checkpoint stays the last good one); "skip" leaves weights, optimizer state and router biases
+    # untouched for that step and goes on (at most max_skipped_steps in a row, then stops). A skipped
+    # step still counts: it advances the step counter, the learning-rate schedule and the data.
     on_nonfinite: str = "stop"
     max_skipped_steps: int = 10
     precision: str = "32-true"
@@ -243,6 +244,9 @@ def validate(cfg: DictConfig) -> RootConfig:
     devices_ok = t.devices == "auto" or (isinstance(t.devices, int) and t.devices >= 1) or (isinstance(t.devices, list) and len(t.devices) > 0)
     check(devices_ok, "trainer.devices", f"must be a positive number of processes per node, a list of device indices or 'auto', got {t.devices!r}")
     check(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", f"must be >= 1, got {t.max_skipped_steps}")
+    if t.strategy == "fsdp2":
+        fsdp2_precisions = ("32-true", "32", "bf16-mixed", "bf16-true")
+        check(t.precision in fsdp2_precisions, "trainer.precision", f"'{t.precision}' is not supported with trainer.strategy=fsdp2; choose one of {', '.join(fsdp2_precisions)}")
     o = root.optimizer
     check(o.lr > 0, "optimizer.lr", f"must be positive, got {o.lr}")
     check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optimizer.betas", f"must be two numbers in [0, 1), got {list(o.betas)}")
@@ -259,7 +263,19 @@ def validate(cfg: DictConfig) -> RootConfig:
         validator = getattr(comp, "validate", None)
         if validator is not None:
             validator(root, key)
+    ranks = data_parallel_ranks(t)
+    batch = getattr(root.data, "batch_size", None)
+    if ranks and isinstance(batch, int):
+        check(batch % ranks == 0, "data.batch_size", f"{batch} rows cannot be split evenly over the {ranks} data-parallel ranks (trainer.devices x trainer.num_nodes); use a multiple of {ranks}")
     return root
+
+
+def data_parallel_ranks(t: TrainerConfig) -> Optional[int]:
+    """Ranks the global batch is split over, when the config fixes it (None for devices=auto)."""
+    if t.strategy == "auto":
+        return 1
+    per_node = len(t.devices) if isinstance(t.devices, list) else t.devices if isinstance(t.devices, int) else None
+    return None if per_node is None else per_node * t.num_nodes
 
 
 def component_configs(root: RootConfig) -> list[tuple[str, Any]]:

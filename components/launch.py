@@ -144,11 +144,10 @@ def _check_launcher(cfg_with_hydra: DictConfig) -> None:
     if launcher is None:
         return
     try:
-        OmegaConf.to_container(launcher, resolve=True)
+        values = OmegaConf.to_container(launcher, resolve=True)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", "") or "hydra.launcher"
         raise ConfigError(key, str(getattr(err, "msg", err)).strip().splitlines()[0]) from None
-    values = OmegaConf.to_container(launcher, resolve=True)
     for key in ("nodes", "tasks_per_node"):
         if key in values and not (isinstance(values[key], int) and values[key] >= 1):
             raise ConfigError(f"hydra.launcher.{key}", f"must be a positive number, got {values[key]!r} (the SLURM launcher takes it from trainer.num_nodes / trainer.devices: give trainer.devices as a number)")
@@ -200,8 +199,9 @@ def resolve_run_dir(root: Any) -> Path:
             return resumable[-1].resolve()
     elif root.ckpt_path is not None:
         ckpt = Path(root.ckpt_path)
-        if not ckpt.is_file():
-            raise ConfigError("ckpt_path", f"checkpoint not found: {root.ckpt_path} (use a .ckpt file, 'last' or null)")
+        sharded = ckpt.is_dir() and (ckpt / ".metadata").is_file()  # an FSDP2 checkpoint folder
+        if not (ckpt.is_file() or sharded):
+            raise ConfigError("ckpt_path", f"checkpoint not found: {root.ckpt_path} (use a .ckpt file or sharded .ckpt folder, 'last' or null)")
         if ckpt.resolve().parent.name == "checkpoints":
             return ckpt.resolve().parent.parent  # continue in the run folder the checkpoint belongs to
     empty = [p for p in existing if not any(p.iterdir())]

@@ -61,13 +61,17 @@ def load_study(name: str) -> dict[str, Any]:
             raise SystemExit(f"error: {path.name}: search needs 'params' and takes only {', '.join(SEARCH_KEYS)}" + (f" (unknown: {', '.join(sorted(bad))})" if bad else ""))
         if study.get("grid"):
             raise SystemExit(f"error: {path.name}: 'grid' and 'search' cannot be combined (put fixed choices in points)")
+        if len(study.get("seeds") or [0]) > 1:
+            raise SystemExit(f"error: {path.name}: 'seeds' must list one seed in a search study (Optuna would search over the seed)")
         study.setdefault("points", {"search": []})
+        if len(study["points"]) > 1:
+            raise SystemExit(f"error: {path.name}: a search study has one point (each point's search would overwrite the sweep folder's optimization_results.yaml)")
     if not study.get("points"):
         raise SystemExit(f"error: {path.name}: 'points' must name at least one override set")
     return study
 
 
-SEARCH_KEYS = ("n_trials", "direction", "params", "sampler_seed")
+SEARCH_KEYS = ("n_trials", "direction", "params", "sampler_seed", "max_failure_rate")
 
 
 def search_overrides(search: dict[str, Any]) -> list[str]:
@@ -79,6 +83,8 @@ def search_overrides(search: dict[str, Any]) -> list[str]:
         f"hydra.sweeper.direction={search.get('direction', 'minimize')}",
         f"hydra.sweeper.sampler.seed={int(search.get('sampler_seed', 0))}",
         "hydra.sweeper.n_jobs=1",
+        # a diverging trial (e.g. too high a learning rate) is a failed trial, not the end of the search
+        f"hydra.sweeper.max_failure_rate={float(search.get('max_failure_rate', 0.5))}",
         *[f"{k}={v}" for k, v in search["params"].items()],
     ]
 
@@ -112,6 +118,9 @@ def run_points(cmds: list[tuple[str, list[str]]], output_root: Path, env: dict[s
             argv = [sys.executable, str(REPO / "train.py"), *cmd, f"output_root={output_root}"]
             running.append((point, subprocess.Popen(argv, cwd=REPO, env={**env, POINT_ENV: point})))
         if not running:
+            if pending:
+                print(f"error: not started after a configuration error: {', '.join(p for p, _ in pending)}", file=sys.stderr)
+                failed += [p for p, _ in pending]
             break
         done = next((item for item in running if item[1].poll() is not None), None)
         if done is None:

@@ -34,11 +34,11 @@ def test_every_point_of_every_study_trains(tmp_path, study):
     _smoke(tmp_path, study, None)
 
 
-def test_every_job_of_every_study_composes_and_validates():
+def test_every_job_of_every_study_composes_and_validates(tmp_path):
     from components.launch import expand_sweep, validate_overrides
 
     for study in STUDIES:
-        for point, argv in commands(study, load_study(study), [], True, Path("/tmp/unused")):
+        for point, argv in commands(study, load_study(study), [], True, tmp_path):
             overrides = [a for a in argv if a != "-m" and not a.startswith("hydra") and not a.startswith("hydra/")]
             for job in expand_sweep(overrides):
                 validate_overrides(job)  # raises ConfigError naming the key
@@ -67,8 +67,8 @@ def _smoke(tmp_path: Path, study: str, points: str | None) -> None:
     assert summary["steps"] >= 1
 
 
-def test_command_line_overrides_win_over_the_study():
-    (_, argv), *_ = commands("mixers", load_study("mixers"), ["trainer.max_time_minutes=7"], False, Path("/tmp/x"))
+def test_command_line_overrides_win_over_the_study(tmp_path):
+    (_, argv), *_ = commands("mixers", load_study("mixers"), ["trainer.max_time_minutes=7"], False, tmp_path)
     assert "trainer.max_time_minutes=7" in argv and "trainer.max_time_minutes=3" not in argv
 
 
@@ -77,14 +77,14 @@ def test_unknown_study_is_one_clear_error():
         main(["nope"])
 
 
-def test_a_study_goes_to_slurm_with_the_launcher_override():
+def test_a_study_goes_to_slurm_with_the_launcher_override(tmp_path):
     """`python -m sweeps.run STUDY hydra/launcher=slurm trainer=slurm`: every point's multirun composes
     with the submitit launcher shaped by the trainer preset (nothing is submitted here)."""
     from omegaconf import OmegaConf
 
     from components.launch import compose
 
-    for point, argv in commands("balancer", load_study("balancer"), ["hydra/launcher=slurm", "trainer=slurm", "trainer.num_nodes=2"], False, Path("/tmp/x")):
+    for point, argv in commands("balancer", load_study("balancer"), ["hydra/launcher=slurm", "trainer=slurm", "trainer.num_nodes=2"], False, tmp_path):
         overrides = [a for a in argv if a != "-m" and not a.startswith("hydra.sweep")]
         cfg = compose([o for o in overrides if "," not in o])
         launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)

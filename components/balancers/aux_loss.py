@@ -65,10 +65,11 @@ def balance_loss(record: RouterRecord, top_k: int, alpha: float, sequence_wise: 
     s = scores / scores.sum(dim=-1, keepdim=True).clamp_min(1e-20)  # [N, E] per-token normalised
     s = s.view(groups, N // groups, E)  # [G, T, E]
     P = s.mean(dim=1)  # [G, E]
-    onehot = torch.zeros(N, E, dtype=scores.dtype, device=scores.device).scatter_(1, indices, 1.0)  # [N, E]
-    f = onehot.view(groups, N // groups, E).sum(dim=1) / (top_k * (N // groups))  # [G, E], no grad
     if counts is not None and not sequence_wise:
         f = (counts / counts.sum().clamp_min(1)).to(scores.dtype)[None]  # [1, E] sums to 1, like k*T pairs
+    else:
+        onehot = torch.zeros(N, E, dtype=scores.dtype, device=scores.device).scatter_(1, indices, 1.0)  # [N, E]
+        f = onehot.view(groups, N // groups, E).sum(dim=1) / (top_k * (N // groups))  # [G, E], no grad
     return alpha * E * (f * P).sum(dim=-1).mean()
 
 

@@ -1,9 +1,8 @@
 """LightningModule: next-token loss, optimizer with warmup + decay, validation metrics, and the guards
 that keep a distributed run meaning the same as a one-process run.
 
-* Loss normalisation: each rank's summed token loss is divided by the token count of the whole
-  data-parallel micro-batch (one all-reduce of two numbers), so the gradient DDP/FSDP average is the
-  gradient of the global mean loss, and the logged ``train/loss`` is the global mean, as on one process.
+* Loss normalisation (components/training/data_parallel_loss.py): the gradient DDP/FSDP average is the
+  gradient of the global token-mean loss, and the logged ``train/loss`` is that mean, as on one process.
 * Non-finite guard (``trainer.on_nonfinite``): a NaN/inf loss or gradient norm stops the run naming the
   step, before the update and before any checkpoint of that step, or skips the update.
 * Checkpoints carry every rank's RNG state.
@@ -21,12 +20,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 import torch
 import torch.nn.functional as F
 
-from components.balancers.load_stats import all_reduce_sum_, bias_rank_divergence, find_routers, world_size
+from components.balancers.load_stats import bias_rank_divergence, find_routers, world_size
 from components.config import RootConfig
 from components.data.base import IGNORE_INDEX, TokenDataset
 from components.model import Decoder
 from components.optim.build import build_optimizer
 from components.registry import BALANCERS
+from components.training.data_parallel_loss import global_token_mean
 
 
 def compile_unfriendly(model: torch.nn.Module) -> list[str]:
@@ -98,10 +98,7 @@ class LanguageModelModule(L.LightningModule):
         self.model = Decoder(cfg)
         self.balancer = BALANCERS.build(cfg.balancer)
         self.balancer.attach(self.model)
-        # compiled view of the same module (shares parameters; state dicts keep the plain names)
-        hidden = self.model.hidden_states
-        hidden = torch.compile(hidden, dynamic=False) if should_compile(cfg.trainer, self.model) else hidden
-        object.__setattr__(self, "_hidden", hidden)  # not registered: no second copy in state dicts
+        self._set_hidden()
         minutes = cfg.trainer.max_time_minutes
         self.time_budget = TimeBudget(minutes * 60 if minutes else None)
         self._val_sums: dict[str, torch.Tensor] = {}
@@ -127,9 +124,15 @@ class LanguageModelModule(L.LightningModule):
         for name, p in self.model.named_parameters():
             if name in markers:
                 p._no_weight_decay = markers[name]
+        self._set_hidden()  # the sharded model's hook-wrapped method
+        self._sharded = True
+
+    def _set_hidden(self) -> None:
+        """``self._hidden``: the model's hidden-state function, compiled when the trainer says so. A view
+        of the same module (shares parameters; state dicts keep the plain names), not registered, so
+        checkpoints hold no second copy."""
         hidden = self.model.hidden_states
         object.__setattr__(self, "_hidden", torch.compile(hidden, dynamic=False) if should_compile(self.cfg.trainer, self.model) else hidden)
-        self._sharded = True
 
     def on_train_start(self) -> None:
         self.time_budget.started = time.perf_counter()
@@ -148,16 +151,8 @@ class LanguageModelModule(L.LightningModule):
         # project only the scored positions: on sparse tasks (MQAR) the output layer is most of the work
         logits = self.model.lm_head(h[mask])  # [N, vocab]
         loss_sum = F.cross_entropy(logits.float(), y[mask], reduction="sum")
-        world = world_size()
-        if world > 1:
-            # global token count of this micro-batch; DDP/FSDP average gradients over ranks, so the
-            # factor `world` makes that average the gradient of the global mean
-            totals = all_reduce_sum_(torch.stack([loss_sum.detach(), mask.sum().to(loss_sum.dtype)]))
-            loss_for_grad = loss_sum * world / totals[1].clamp(min=1)
-            loss = totals[0] / totals[1].clamp(min=1)
-        else:
-            loss = loss_for_grad = loss_sum / mask.sum().clamp(min=1)
-        finite = torch.isfinite(loss.detach())
+        loss_for_grad, loss = global_token_mean(loss_sum, mask.sum())  # the whole data-parallel micro-batch
+        finite = torch.isfinite(loss)
         self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
         total = loss_for_grad
         aux = self.balancer.aux_loss(self.model)
@@ -228,7 +223,7 @@ class LanguageModelModule(L.LightningModule):
         from components.training import rng_state
 
         checkpoint["rng_states"] = rng_state.gather_all_ranks()  # collective: runs on every rank
-        checkpoint["nonfinite_skipped_steps"] = self.skipped_steps
+        checkpoint["nonfinite_skipped_steps"] = [self.skipped_steps, self.skipped_in_a_row]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from components.training import rng_state
@@ -236,7 +231,7 @@ class LanguageModelModule(L.LightningModule):
         states = checkpoint.get("rng_states")
         if states and not rng_state.restore_for_rank(states, self.global_rank):
             rank_zero_warn(f"checkpoint holds RNG states of {len(states)} ranks, this run has {world_size()}: generators start from the seed")
-        self.skipped_steps = int(checkpoint.get("nonfinite_skipped_steps", 0))
+        self.skipped_steps, self.skipped_in_a_row = checkpoint.get("nonfinite_skipped_steps", [0, 0])
 
     # -- validation -----------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:

@@ -53,7 +53,9 @@ def checkpoint_candidates(run_dir: str) -> list[str]:
 
     ordered = sorted(periodic, key=step_of, reverse=True)
     last = os.path.join(folder, "last.ckpt")
-    return ([last] if os.path.exists(last) else []) + ordered
+    # a sharded last.ckpt is swapped in by two renames; a crash between them leaves the previous one here
+    previous_last = os.path.join(folder, ".last.ckpt.old")
+    return [p for p in (last, previous_last) if os.path.exists(p)] + ordered
 
 
 def resolve_resume(ckpt_path: Optional[str], run_dir: str, log: Any = print) -> Optional[str]:
@@ -127,6 +129,20 @@ def train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]
 
     ``extra_config``: more fields for the W&B run's config (a sweep job's point and varied options).
     """
+    os.makedirs(run_dir, exist_ok=True)
+    # processes Lightning starts for the other ranks re-run train.py: they must write here too
+    pinned_before = os.environ.get("K3_RUN_DIR")
+    os.environ["K3_RUN_DIR"] = run_dir
+    try:
+        return _train(root, run_dir, extra_config)
+    finally:  # later runs started from this process choose their own folders
+        if pinned_before is None:
+            os.environ.pop("K3_RUN_DIR", None)
+        else:
+            os.environ["K3_RUN_DIR"] = pinned_before
+
+
+def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]) -> dict[str, Any]:
     import lightning as L
 
     from components.training.callbacks.depth_weights import DepthWeights
@@ -136,9 +152,6 @@ def train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]
     from components.training.lit_module import LanguageModelModule
     from components.training.loggers import build_loggers, default_run_name
 
-    os.makedirs(run_dir, exist_ok=True)
-    # processes Lightning starts for the other ranks re-run train.py: they must write here too
-    os.environ["K3_RUN_DIR"] = run_dir
     L.seed_everything(root.seed, workers=True, verbose=False)
     ckpt = resolve_resume(root.ckpt_path, run_dir)
 
@@ -175,17 +188,28 @@ def train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]
 
     started = time.perf_counter()
     status = "failed"
+    summary: dict[str, Any] = {}
     try:
         trainer.fit(module, datamodule=data, ckpt_path=ckpt)
         trainer.validate(module, datamodule=data, verbose=False)  # final metrics after the last step
         status = "finished"
+        summary = {
+            "name": run_name,
+            "run_dir": run_dir,
+            "steps": trainer.global_step,
+            "train_tokens": throughput.total_tokens,
+            "train_seconds": round(throughput.train_seconds, 2),
+            "tokens_per_s": throughput.total_tokens / max(throughput.train_seconds, 1e-9),
+            "wall_seconds": round(time.perf_counter() - started, 2),
+            "params": model.num_params(),
+            "active_params": model.active_params(),
+            "val": dict(module.last_val_metrics),
+            "baselines": dataset.baselines(),
+        }
         if wandb_logger is not None and trainer.is_global_zero and not wandb_logger.broken:
             # what analysis.compare reads from an online project besides the logged history
-            wandb_logger.guarded("summary", wandb_logger.experiment.summary.update, {
-                "steps": trainer.global_step, "train_tokens": throughput.total_tokens,
-                "tokens_per_s": throughput.total_tokens / max(throughput.train_seconds, 1e-9),
-                "params": model.num_params(), "active_params": model.active_params(),
-            })
+            counts = {k: summary[k] for k in ("steps", "train_tokens", "tokens_per_s", "params", "active_params")}
+            wandb_logger.guarded("summary", wandb_logger.experiment.summary.update, counts)
     finally:
         if trainer.is_global_zero:
             run_info["status"] = status
@@ -198,19 +222,6 @@ def train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]
             except Exception as err:  # a W&B failure never turns a finished run into a failed one
                 print(f"warning: W&B could not finish the run cleanly ({type(err).__name__}: {err})")
 
-    summary: dict[str, Any] = {
-        "name": run_name,
-        "run_dir": run_dir,
-        "steps": trainer.global_step,
-        "train_tokens": throughput.total_tokens,
-        "train_seconds": round(throughput.train_seconds, 2),
-        "tokens_per_s": throughput.total_tokens / max(throughput.train_seconds, 1e-9),
-        "wall_seconds": round(time.perf_counter() - started, 2),
-        "params": model.num_params(),
-        "active_params": model.active_params(),
-        "val": dict(module.last_val_metrics),
-        "baselines": dataset.baselines(),
-    }
     if trainer.is_global_zero:
         _write_json(os.path.join(run_dir, "summary.json"), summary)
         print(format_summary(summary, dataset.metric))

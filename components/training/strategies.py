@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
+from components.config import data_parallel_ranks
+
 
 class AtomicShardedStrategy(ModelParallelStrategy):
     """ModelParallelStrategy whose sharded checkpoint folders appear only once complete."""
@@ -34,23 +36,37 @@ class AtomicShardedStrategy(ModelParallelStrategy):
         self.barrier("sharded_checkpoint_start")
         super().save_checkpoint(checkpoint, tmp, storage_options)
         self.barrier("sharded_checkpoint_written")
+        error = ""
         if self.global_rank == 0:
-            if path.exists():
-                os.replace(path, old)  # a folder cannot be renamed over a non-empty one
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        self.barrier("sharded_checkpoint_done")
+            try:
+                if path.exists():
+                    os.replace(path, old)  # a folder cannot be renamed over a non-empty one
+                os.replace(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            except OSError as err:
+                error = f"{type(err).__name__}: {err}"
+        # every rank learns the outcome, so a failed swap raises everywhere instead of leaving ranks waiting
+        error = self.broadcast(error)
+        if error:
+            raise RuntimeError(f"could not put the sharded checkpoint {path} in place: {error}")
 
     def remove_checkpoint(self, filepath: Any) -> None:
-        if self.global_rank == 0:
-            shutil.rmtree(filepath, ignore_errors=True) if Path(filepath).is_dir() else Path(filepath).unlink(missing_ok=True)
+        if self.global_rank != 0:
+            return
+        if Path(filepath).is_dir():
+            shutil.rmtree(filepath, ignore_errors=True)
+        else:
+            Path(filepath).unlink(missing_ok=True)
 
 
-def world_size_of(trainer_cfg: Any) -> Optional[int]:
-    """Ranks the run will have, when the config says (None for ``devices: auto``)."""
-    d = trainer_cfg.devices
-    per_node = len(d) if isinstance(d, list) else d if isinstance(d, int) else None
-    return None if per_node is None else per_node * trainer_cfg.num_nodes
+def _no_buffer_sync() -> dict[str, bool]:
+    """DDP's switch for not re-broadcasting buffers at every forward (renamed in torch 2.13)."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
 
 
 def build_strategy(trainer_cfg: Any) -> Any:
@@ -59,13 +75,14 @@ def build_strategy(trainer_cfg: Any) -> Any:
     if name == "auto":
         return "auto"
     if name == "ddp":
-        return DDPStrategy(forward_sync_buffers=False, find_unused_parameters=False, gradient_as_bucket_view=True)
+        return DDPStrategy(**_no_buffer_sync(), find_unused_parameters=False, gradient_as_bucket_view=True)
     if name == "fsdp2":
         # every rank one data-parallel shard; Lightning's "auto" would make the node a tensor-parallel group
-        world = world_size_of(trainer_cfg)
+        world = data_parallel_ranks(trainer_cfg)
         if world is None:
             import torch
 
-            world = (torch.cuda.device_count() if trainer_cfg.accelerator in ("gpu", "cuda", "auto") else 1) * trainer_cfg.num_nodes
+            per_node = torch.cuda.device_count() if trainer_cfg.accelerator in ("gpu", "cuda", "auto") else 1
+            world = max(1, per_node) * trainer_cfg.num_nodes
         return AtomicShardedStrategy(data_parallel_size=world, tensor_parallel_size=1, save_distributed_checkpoint=True)
     raise ValueError(f"trainer.strategy: unknown strategy '{name}' (allowed: auto, ddp, fsdp2)")
