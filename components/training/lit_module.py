@@ -106,6 +106,7 @@ class LanguageModelModule(L.LightningModule):
         self._step_loss_finite: Optional[torch.Tensor] = None  # all micro-batch losses of this step finite
         self.skipped_in_a_row = 0
         self.skipped_steps = 0
+        self._grad_norm: Optional[torch.Tensor] = None  # this step's, between the two hooks
 
     def configure_model(self) -> None:
         """FSDP2 (``trainer.strategy=fsdp2``): shard each decoder layer, then the rest, over the
@@ -165,6 +166,7 @@ class LanguageModelModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # norm before clipping (Lightning clips right after this hook)
         grad_norm = total_grad_norm(self.parameters())
+        self._grad_norm = grad_norm  # clipping (next) reuses it instead of another pass over the gradients
         self._guard_nonfinite(grad_norm)
         if grad_norm is not None:
             self.log("train/grad_norm", grad_norm, on_step=True, on_epoch=False)
@@ -268,5 +270,10 @@ class LanguageModelModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: Optional[str] = None) -> None:
-        if gradient_clip_val:
+        norm, self._grad_norm = self._grad_norm, None
+        if not gradient_clip_val:
+            return
+        if norm is None or self.cfg.trainer.strategy == "fsdp2":  # sharded gradients: Lightning's own path
             self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm="norm")
+            return
+        torch.nn.utils.clip_grads_with_norm_([p for p in self.parameters() if p.grad is not None], gradient_clip_val, norm)
