@@ -44,6 +44,26 @@ def test_every_job_of_every_study_composes_and_validates(tmp_path):
                 validate_overrides(job)  # raises ConfigError naming the key
 
 
+def test_every_study_compares_its_points_at_equal_tokens_with_warmup_inside_the_budget(tmp_path):
+    """Default scale: every job of a study trains the same number of tokens (a step budget, the time
+    limit only a guard), and the learning-rate warmup ends well before the budget does."""
+    from components.launch import compose, expand_sweep
+
+    for study in STUDIES:
+        spec = load_study(study)
+        budgets = set()
+        for point, argv in commands(study, spec, [], False, tmp_path):
+            overrides = [a for a in argv if a != "-m" and not a.startswith("hydra")]
+            for job in expand_sweep(overrides):
+                cfg = compose(job)
+                budgets.add(cfg.trainer.max_steps * cfg.data.batch_size * cfg.data.seq_len)
+                assert cfg.optimizer.warmup_steps <= cfg.trainer.max_steps // 2, (study, point)
+                assert cfg.trainer.max_time_minutes is None or cfg.trainer.max_time_minutes >= 20, (study, point)
+        assert len(budgets) == 1, (study, budgets)
+        for choice in spec.get("search", {}).get("params", {}).get("optimizer.warmup_steps", "choice()")[7:-1].split(","):
+            assert not choice.strip() or int(choice) <= cfg.trainer.max_steps // 2, (study, choice)
+
+
 def _smoke(tmp_path: Path, study: str, points: str | None) -> None:
     assert main([study, "--smoke", "--jobs", "2", "--output-root", str(tmp_path), *(["--points", points] if points else [])]) == 0
     (sweep_dir,) = list((tmp_path / "sweeps").iterdir())
@@ -68,8 +88,8 @@ def _smoke(tmp_path: Path, study: str, points: str | None) -> None:
 
 
 def test_command_line_overrides_win_over_the_study(tmp_path):
-    (_, argv), *_ = commands("mixers", load_study("mixers"), ["trainer.max_time_minutes=7"], False, tmp_path)
-    assert "trainer.max_time_minutes=7" in argv and "trainer.max_time_minutes=3" not in argv
+    (_, argv), *_ = commands("mixers", load_study("mixers"), ["trainer.max_steps=7"], False, tmp_path)
+    assert "trainer.max_steps=7" in argv and "trainer.max_steps=120" not in argv
 
 
 def test_unknown_study_is_one_clear_error():
