@@ -9,7 +9,8 @@ online W&B runs: ``wandb:ENTITY/PROJECT`` or ``wandb:ENTITY/PROJECT/GROUP`` (ana
 
 Writes into ``--out``:
 * ``table.md`` / ``table.csv``: per run its varied options, steps, final and best validation loss and
-  metric (bits per byte or accuracy), tokens/s and parameter counts. With a ``seed`` among the varied
+  metric (bits per byte or accuracy), tokens/s (median of the logged steps, so compilation is not counted)
+  and parameter counts. With a ``seed`` among the varied
   options, a second table aggregates the seeds of each point: mean and standard deviation of the final
   validation loss, and marks ("~") points whose difference from the best point is within the seed spread.
 * ``loss.png``: training loss (lines) and validation loss (markers) against step, one colour per run,
@@ -56,6 +57,13 @@ class Run:
             seen[int(step)] = float(v)  # the last value logged at a step wins
         steps = sorted(seen)
         return steps, [seen[s] for s in steps]
+
+    def tokens_per_s(self) -> Optional[float]:
+        """Median of the per-step throughput logged during training: what a step costs once compiled and
+        warm. The summary's whole-run average (the fallback for runs too short to log a step) also counts
+        compilation, which dominates a short run."""
+        _, values = self.series("perf/tokens_per_s")
+        return statistics.median(values) if values else self.summary.get("tokens_per_s")
 
     def final_and_best(self, key: str, higher_is_better: bool = False) -> tuple[Optional[float], Optional[float]]:
         _, values = self.series(f"val/{key}")
@@ -123,7 +131,7 @@ def table_rows(runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
         loss_final, loss_best = r.final_and_best("loss")
         m_final, m_best = r.final_and_best(metric, higher_is_better=higher)
         rows.append([r.summary.get("name") or (r.run_dir.name if r.run_dir else ""), *[r.varied.get(k, "") for k in varied_keys], r.summary.get("steps"),
-                     loss_final, loss_best, m_final, m_best, _round(r.summary.get("tokens_per_s")), r.summary.get("params"), r.summary.get("active_params")])
+                     loss_final, loss_best, m_final, m_best, _round(r.tokens_per_s()), r.summary.get("params"), r.summary.get("active_params")])
     return header, rows
 
 

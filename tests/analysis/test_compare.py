@@ -52,3 +52,18 @@ def test_offline_run_directory_resolves_to_its_run(sweep):
 def test_not_a_run_is_one_clear_error(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert str(tmp_path) in capsys.readouterr().err
+
+
+def test_tokens_per_s_is_the_median_logged_step_not_the_compile_inclusive_average(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    fake_run(sweep, 0, {"opt": "logged"}, 1.0, sweep)
+    fake_run(sweep, 1, {"opt": "unlogged"}, 1.0, sweep)
+    with open(sweep / "0" / "metrics.jsonl", "a") as f:  # summary says 1000 (compilation counted); steps ran at ~4000
+        for step, tps in [(9, 3900.0), (19, 4100.0), (29, 4000.0), (39, 100.0)]:
+            f.write(json.dumps({"step": step, "perf/tokens_per_s": tps}) + "\n")
+    compare([str(sweep)], str(tmp_path / "out"))
+    with open(tmp_path / "out" / "table.csv") as f:
+        rows = {r["opt"]: r for r in csv.DictReader(f)}
+    assert float(rows["logged"]["tokens/s"]) == 3950
+    assert float(rows["unlogged"]["tokens/s"]) == 1000  # too short to log a step: the summary's average
