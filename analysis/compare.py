@@ -16,7 +16,7 @@ Writes into ``--out``:
 * ``loss.png``: training loss (lines) and validation loss (markers) against step, one colour per run,
   labelled by its varied options;
 * ``maxvio.png``: MaxVio per MoE layer against step (runs with routed experts);
-* ``depth_<run>.png``: AttnRes depth weights of the last validation (runs with AttnRes);
+* ``depth_<n>_<label>.png``: AttnRes depth weights of the last validation (runs with AttnRes);
 * ``index.html`` with ``--html``: the tables and figures on one page.
 """
 
@@ -244,7 +244,8 @@ def plot_depth(runs: list[Run], out: Path) -> list[Path]:
         if r.run_dir is not None and (r.run_dir / "depth_weights.json").exists():
             history = load(str(r.run_dir))
             if history:
-                path = out / f"depth_{i}.png"
+                slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in r.label.replace(", ", "_").replace("=", "-"))[:80]
+                path = out / f"depth_{i}_{slug}.png"  # index first: labels of different runs may coincide
                 plot(history[-1], str(path), title=f"depth weights: {r.label}, step {history[-1]['step']}")
                 paths.append(path)
     return paths

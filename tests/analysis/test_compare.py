@@ -67,3 +67,17 @@ def test_tokens_per_s_is_the_median_logged_step_not_the_compile_inclusive_averag
         rows = {r["opt"]: r for r in csv.DictReader(f)}
     assert float(rows["logged"]["tokens/s"]) == 3950
     assert float(rows["unlogged"]["tokens/s"]) == 1000  # too short to log a step: the summary's average
+
+
+def test_runs_with_attnres_get_one_depth_figure_each_named_by_their_options(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    fake_run(sweep, 0, {"point": "block2"}, 1.0, sweep)
+    fake_run(sweep, 1, {"point": "plain"}, 1.0, sweep)
+    entry = {"step": 9, "sources": ["embedding", "block 1", "partial"],
+             "rows": [{"sublayer": "L0.attn", "weights": [1.0, None, None]}, {"sublayer": "final", "weights": [0.2, 0.5, 0.3]}]}
+    (sweep / "0" / "depth_weights.json").write_text(json.dumps([entry]))
+    result = compare([str(sweep)], str(tmp_path / "out"))
+    depth = [Path(p) for p in result["images"] if Path(p).name.startswith("depth_")]
+    assert [p.name for p in depth] == ["depth_0_point-block2.png"]  # the plain run has no AttnRes: no figure
+    assert depth[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and depth[0].stat().st_size > 5_000
