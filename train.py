@@ -2,7 +2,7 @@
 
 Examples: ``python train.py mixer=mqa ffn.activation=swiglu trainer.max_steps=20``,
 ``python train.py data=mqar model=tiny``, ``python train.py -m mixer=mha,gqa,mqa``.
-The config is validated before anything is written (components/launch.py).
+The config is validated before anything is written (runtime/launch.py).
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ def task(cfg: DictConfig) -> float | None:
     warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
     warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")  # resuming
 
-    from components.config import validate
+    from runtime.config import validate
     from components.registry import ConfigError
-    from components.sweep_job import current_job
-    from components.training.lit_module import NonFiniteTrainingError
-    from components.training.run import train
+    from runtime import handoff
+    from runtime.sweep_job import current_job
+    from runtime.lit_module import NonFiniteTrainingError
+    from runtime.run import train
 
     try:
         root = validate(cfg)
@@ -47,7 +48,7 @@ def task(cfg: DictConfig) -> float | None:
     run_dir = HydraConfig.get().runtime.output_dir
     if job is not None:
         # ranks Lightning spawns re-run this script with sys.argv: give them this job, not the whole sweep
-        sys.argv = [sys.argv[0], *HydraConfig.get().overrides.task]
+        handoff.set_script_args(list(HydraConfig.get().overrides.task))
     try:
         # the sweep's point and varied options as config fields too: W&B's parallel coordinates and
         # group-by read config, not tags
@@ -68,6 +69,6 @@ def task(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    from components.launch import run
+    from runtime.launch import run
 
     run(task)

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from components.sweep_job import INDEX_FILE, read_index
-from components.training.jsonl_logger import read_metrics
+from runtime.sweep_job import INDEX_FILE, read_index
+from runtime.jsonl_logger import read_metrics
 
 
 @dataclass

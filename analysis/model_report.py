@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import Counter, OrderedDict
 from typing import Any, Optional
@@ -28,17 +27,16 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from components.config import validate
-from components.launch import compose, strip_hydra
-from components.model import Decoder
-from components.nn.meta_model import build_on_meta
+from runtime.config import validate
+from runtime.launch import compose, strip_hydra
+from components.model import Decoder, build_on_meta
 from components.registry import ConfigError
 
 
 def build_meta(overrides: list[str]) -> Decoder:
     """The composed, validated model on the meta device."""
     root = validate(strip_hydra(compose(overrides)))
-    return build_on_meta(root)
+    return build_on_meta(root.decoder_config())
 
 
 def stored_tensors(module: nn.Module) -> "OrderedDict[str, torch.Tensor]":
@@ -55,16 +53,9 @@ def _count(module: nn.Module) -> int:
     return sum(t.numel() for t in stored_tensors(module).values())
 
 
-def _unchosen_expert_params(ffn: nn.Module) -> int:
-    experts = getattr(ffn, "experts", None)
-    if experts is None or not hasattr(experts, "expert_params"):
-        return 0
-    return (ffn.cfg.num_experts - ffn.cfg.top_k) * experts.expert_params()
-
-
 def param_counts(model: Decoder) -> dict[str, Any]:
     total = _count(model)
-    unchosen = sum(_unchosen_expert_params(layer.ffn) for layer in model.layers)
+    unchosen = sum(layer.ffn.unchosen_expert_params() for layer in model.layers)
     embedding = model.embed.weight.numel()
     kinds: Counter = Counter()
     kinds["embedding"] += embedding
@@ -77,14 +68,15 @@ def param_counts(model: Decoder) -> dict[str, Any]:
         kinds["sublayer_norms"] += _count(layer.mixer_norm) + _count(layer.ffn_norm)
         ffn = layer.ffn
         name = layer.spec.ffn.name
-        experts = getattr(ffn, "experts", None)
+        experts = ffn.routed_experts()
         if experts is None:
             kinds[f"ffn:{name}"] += _count(ffn)
             continue
         routed = _count(experts)
+        router = _count(ffn.router()) if ffn.router() is not None else 0
         kinds[f"ffn:{name}:routed_experts"] += routed
-        kinds[f"ffn:{name}:router"] += _count(ffn.gate)
-        kinds[f"ffn:{name}:other"] += _count(ffn) - routed - _count(ffn.gate)
+        kinds[f"ffn:{name}:router"] += router
+        kinds[f"ffn:{name}:other"] += _count(ffn) - routed - router
     assert sum(kinds.values()) == total, (sum(kinds.values()), total)
     return {
         "total_params": total,
@@ -123,14 +115,12 @@ def cache_report(model: Decoder, seq_len: int, cache_bytes: int, state_bytes: li
     for layer in model.layers:
         mixer = layer.mixer
         per_token += mixer.cache_numbers_per_token()
-        if hasattr(mixer, "state_numbers"):
-            recurrent = mixer.recurrent_state_numbers()
-            state_recurrent += recurrent
-            state_conv += mixer.state_numbers() - recurrent
-        if hasattr(mixer, "decode_macs_per_key"):
+        recurrent = mixer.recurrent_state_numbers()
+        state_recurrent += recurrent
+        state_conv += mixer.state_numbers() - recurrent
+        if mixer.decode_macs() is not None:
             mla_like.append(mixer)
-            macs.setdefault(layer.spec.mixer.name, {"prefill_macs_per_cached_position": mixer.prefill_macs_per_key(),
-                                              "decode_macs_per_cached_position": mixer.decode_macs_per_key()})
+            macs.setdefault(layer.spec.mixer.name, mixer.decode_macs())
     out: dict[str, Any] = {
         "cache_bytes_per_number": cache_bytes,
         "cache_numbers_per_token": per_token,
@@ -144,7 +134,7 @@ def cache_report(model: Decoder, seq_len: int, cache_bytes: int, state_bytes: li
         "mla_macs_per_layer": macs,
     }
     # hybrid vs replacing every fixed-state layer by the growing-cache layer kind (all-MLA stack)
-    fixed_layers = [layer for layer in model.layers if hasattr(layer.mixer, "state_numbers")]
+    fixed_layers = [layer for layer in model.layers if layer.mixer.recurrent_state_numbers() > 0]
     if fixed_layers and mla_like:
         c = mla_like[0].cache_numbers_per_token()  # numbers per token of one growing-cache layer
         per_layer_state = fixed_layers[0].mixer.recurrent_state_numbers()
@@ -156,21 +146,22 @@ def cache_report(model: Decoder, seq_len: int, cache_bytes: int, state_bytes: li
 
 
 def latent_budget(model: Decoder) -> Optional[dict[str, Any]]:
-    layer = next((layer for layer in model.layers if getattr(layer.ffn, "latent", False)), None)
+    layer = next((layer for layer in model.layers if layer.ffn.latent_projections() is not None), None)
     if layer is None:
         return None
     ffn, d = layer.ffn, model.d_model
     cfg = ffn.cfg
     d_l = cfg.resolved_latent_dim(d)
     m = cfg.expert_hidden_dim
-    projections = ffn.routed_expert_down_proj.weight.numel() + ffn.routed_expert_up_proj.weight.numel()
-    active_routed = cfg.top_k * ffn.experts.expert_params()
+    down, up = ffn.latent_projections()
+    projections = down.weight.numel() + up.weight.numel()
+    active_routed = cfg.top_k * ffn.routed_experts().expert_params()
     report: dict[str, Any] = {
         "d_model": d, "latent_dim": d_l, "experts": cfg.num_experts, "top_k": cfg.top_k, "expert_hidden": m,
         "latent_projection_params": projections,
         "active_routed_expert_params": active_routed,
         "latent_projection_share": projections / active_routed,
-        "routed_expert_params_total": cfg.num_experts * ffn.experts.expert_params(),
+        "routed_expert_params_total": cfg.num_experts * ffn.routed_experts().expert_params(),
     }
     ratio = d / d_l
     if ratio == int(ratio) and cfg.num_experts % int(ratio) == 0 and cfg.top_k % int(ratio) == 0:

@@ -1,13 +1,6 @@
-"""K3 sandbox components: registries of interchangeable mixers, FFNs, balancers, residual schemes
-and datasets, plus the decoder that assembles them from a config."""
+"""The model side of the K3 sandbox: registries of interchangeable mixers, FFNs, balancers, residual
+schemes, datasets and optimizers, and the decoder that assembles them from its config.
 
-from __future__ import annotations
-
-
-def register_all() -> None:
-    """Import every registered component and store all config schemas in Hydra's ConfigStore."""
-    from components.config import register_root_schemas
-    from components.registry import discover_all
-
-    register_root_schemas()
-    discover_all()
+Nothing under ``components`` imports the runtime (``runtime/``: training, launch, logging); a test
+walks the import graph to keep it that way.
+"""

@@ -42,13 +42,11 @@ def expand_pattern(pattern: Any, n_layers: int, slots: dict[str, Any], key: str)
     return names
 
 
-def resolve_plan(root: Any) -> list[LayerSpec]:
-    """Per-layer (mixer, FFN) configs of a typed RootConfig."""
-    n = root.model.n_layers
-    mixer_slots = {"mixer": root.mixer, **root.mixers}
-    ffn_slots = {"ffn": root.ffn, **root.ffns}
-    mixer_names = expand_pattern(root.model.mixer_plan, n, mixer_slots, "model.mixer_plan")
-    ffn_names = expand_pattern(root.model.ffn_plan, n, ffn_slots, "model.ffn_plan")
+def resolve_plan(model: Any, mixer_slots: dict[str, Any], ffn_slots: dict[str, Any]) -> list[LayerSpec]:
+    """Per-layer (mixer, FFN) configs from a ModelConfig's patterns and the configs of each slot."""
+    n = model.n_layers
+    mixer_names = expand_pattern(model.mixer_plan, n, mixer_slots, "model.mixer_plan")
+    ffn_names = expand_pattern(model.ffn_plan, n, ffn_slots, "model.ffn_plan")
     return [LayerSpec(i, m, mixer_slots[m], f, ffn_slots[f]) for i, (m, f) in enumerate(zip(mixer_names, ffn_names))]
 
 

@@ -1,20 +1,27 @@
 """The decoder: embedding -> layers (mixer + FFN, each pre-normed) -> residual scheme -> norm -> head.
 
 Which mixer and FFN each layer holds comes from the layer plan; how sublayer outputs are combined over
-depth is the residual scheme's business (plain sum, or attention over depth).
+depth is the residual scheme's business (plain sum, or attention over depth). The decoder is built from
+its own config (``components.config.DecoderConfig``) and calls its components only through their
+contracts (``components/{mixers,ffn,residual}/base.py``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
 
 from components.cache import DecoderCache
-from components.layer_plan import LayerSpec, resolve_plan
+from components.config import DecoderConfig
+from components.ffn.base import FFN
+from components.layer_plan import LayerSpec
+from components.mixers.base import Mixer
 from components.nn.rmsnorm import RMSNorm
+from components.residual.base import ResidualScheme
 from components.registry import FFNS, MIXERS, RESIDUALS
 
 
@@ -24,11 +31,11 @@ class DecoderLayer(nn.Module):
         self.index = spec.index
         self.spec = spec  # slots and component configs of this layer
         self.mixer_norm = RMSNorm(d_model, norm_eps)
-        self.mixer = MIXERS.build(spec.mixer, d_model, spec.index, init_std, out_init_std)
+        self.mixer: Mixer = MIXERS.build(spec.mixer, d_model, spec.index, init_std, out_init_std)
         self.ffn_norm = RMSNorm(d_model, norm_eps)
-        self.ffn = FFNS.build(spec.ffn, d_model, spec.index, init_std, out_init_std)
+        self.ffn: FFN = FFNS.build(spec.ffn, d_model, spec.index, init_std, out_init_std)
 
-    def forward(self, state: Any, residual: nn.Module, mixer_state: Any = None, offset: int = 0) -> Any:
+    def forward(self, state: Any, residual: ResidualScheme, mixer_state: Any = None, offset: int = 0) -> Any:
         """Both sublayers on the residual scheme's ``state`` (one call, so wrappers such as FSDP2 that
         hook a module's forward see the whole layer)."""
         s = 2 * self.index
@@ -41,18 +48,18 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     """``model(input_ids [B, T]) -> logits [B, T, vocab]``; ``cache=`` for incremental decoding."""
 
-    def __init__(self, root: Any):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
-        m = root.model
-        self.config = root
+        m = cfg.model
+        self.config = cfg
         self.d_model = m.d_model
         self.vocab_size = m.vocab_size
-        self.plan = resolve_plan(root)
+        self.plan: list[LayerSpec] = cfg.layers
         out_std = m.init_std / math.sqrt(2 * m.n_layers) if m.scale_residual_init else m.init_std
         self.embed = nn.Embedding(m.vocab_size, m.d_model)
         nn.init.normal_(self.embed.weight, std=m.init_std)
         self.layers = nn.ModuleList(DecoderLayer(spec, m.d_model, m.norm_eps, m.init_std, out_std) for spec in self.plan)
-        self.residual = RESIDUALS.build(root.residual, m.d_model, m.n_layers, m.norm_eps)
+        self.residual: ResidualScheme = RESIDUALS.build(cfg.residual, m.d_model, m.n_layers, m.norm_eps)
         self.norm = RMSNorm(m.d_model, m.norm_eps)
         self.lm_head = nn.Linear(m.d_model, m.vocab_size, bias=False)
         if m.tie_embeddings:
@@ -91,9 +98,7 @@ class Decoder(nn.Module):
         if self.lm_head.weight is self.embed.weight:
             total += self.lm_head.weight.numel()
         for layer in self.layers:
-            active = getattr(layer.ffn, "active_params", None)
-            if active is not None:
-                total -= sum(p.numel() for p in layer.ffn.parameters()) - active()
+            total -= layer.ffn.num_params() - layer.ffn.active_params()
         return total
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -101,3 +106,27 @@ class Decoder(nn.Module):
         forward = 2.0 * self.active_params()
         forward += sum(layer.mixer.flops_per_token(seq_len) for layer in self.layers)
         return 3.0 * forward
+
+    def compile_unfriendly(self) -> list[str]:
+        """Class names of the components that declare ``compile_friendly = False``."""
+        parts = [c for layer in self.layers for c in (layer.mixer, layer.ffn) if not c.compile_friendly]
+        return sorted({type(c).__name__ for c in parts})
+
+
+@contextmanager
+def _no_random_normal() -> Iterator[None]:
+    original = torch.Tensor.normal_
+    torch.Tensor.normal_ = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.normal_ = original  # type: ignore[method-assign]
+
+
+def build_on_meta(cfg: DecoderConfig) -> Decoder:
+    """``Decoder(cfg)`` with every parameter and buffer on the meta device: shapes and counts without
+    allocating weights. Random initialisation means nothing there, and torch's meta ``normal_`` costs
+    seconds the first time a process uses it (it loads Python decompositions), which every pre-flight
+    check and model report would pay; so ``normal_`` is a no-op while the model is built."""
+    with torch.device("meta"), _no_random_normal():
+        return Decoder(cfg)

@@ -14,7 +14,7 @@ import difflib
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 
 class ConfigError(ValueError):
@@ -55,10 +55,13 @@ class Registry:
     lists first in its defaults so that composition is type-checked against it.
     """
 
-    def __init__(self, family: str, group: str, package: str):
+    def __init__(self, family: str, group: str, package: str, base: Optional[str] = None):
         self.family = family
         self.group = group
         self.package = package
+        # "module:Class" every member must subclass (the family's written contract); None for families
+        # whose members are factory functions (optimizers)
+        self.base = base
         self._entries: dict[str, Entry] = {}
         self._discovered = False
 
@@ -68,8 +71,15 @@ class Registry:
             raise TypeError(f"{self.family} '{name}': config must be a dataclass, got {config_cls!r}")
         if "name" not in {f.name for f in dataclasses.fields(config_cls)}:
             raise TypeError(f"{self.family} '{name}': config dataclass needs a `name: str` field")
+        from components.config import ComponentConfig
+
+        if not issubclass(config_cls, ComponentConfig):
+            raise TypeError(f"{self.family} '{name}': config {config_cls.__name__} must subclass components.config.ComponentConfig")
 
         def decorator(cls: type) -> type:
+            base = self.base_class()
+            if base is not None and not (isinstance(cls, type) and issubclass(cls, base)):
+                raise TypeError(f"{self.family} '{name}': {getattr(cls, '__name__', cls)} must subclass {base.__module__}.{base.__name__} (the {self.family} contract)")
             if name in self._entries and self._entries[name].cls is not cls:
                 raise KeyError(f"{self.family} '{name}' is registered twice")
             doc = (cls.__doc__ or "").strip().splitlines()
@@ -78,6 +88,12 @@ class Registry:
             return cls
 
         return decorator
+
+    def base_class(self) -> Optional[type]:
+        if self.base is None:
+            return None
+        module, _, attr = self.base.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
     # -- lookup ---------------------------------------------------------------------------------
     def discover(self) -> None:
@@ -123,13 +139,15 @@ def _store_schema(group: str, name: str, config_cls: type) -> None:
 
 
 # The families. Each lives in its own subpackage; ``discover`` imports its modules lazily.
-MIXERS = Registry("mixer", "mixer", "components.mixers")
-FFNS = Registry("ffn", "ffn", "components.ffn")
-BALANCERS = Registry("balancer", "balancer", "components.balancers")
-RESIDUALS = Registry("residual", "residual", "components.residual")
-DATASETS = Registry("dataset", "data", "components.data")
+MIXERS = Registry("mixer", "mixer", "components.mixers", "components.mixers.base:Mixer")
+FFNS = Registry("ffn", "ffn", "components.ffn", "components.ffn.base:FFN")
+BALANCERS = Registry("balancer", "balancer", "components.balancers", "components.balancers.base:Balancer")
+RESIDUALS = Registry("residual", "residual", "components.residual", "components.residual.base:ResidualScheme")
+DATASETS = Registry("dataset", "data", "components.data", "components.data.base:TokenDataset")
+# members are functions ``build(cfg, model) -> torch.optim.Optimizer``
+OPTIMIZERS = Registry("optimizer", "optimizer", "components.optim")
 
-FAMILIES: dict[str, Registry] = {r.group: r for r in (MIXERS, FFNS, BALANCERS, RESIDUALS, DATASETS)}
+FAMILIES: dict[str, Registry] = {r.group: r for r in (MIXERS, FFNS, BALANCERS, RESIDUALS, DATASETS, OPTIMIZERS)}
 
 
 def discover_all() -> None:

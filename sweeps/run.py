@@ -15,7 +15,7 @@ A study is ``sweeps/<STUDY>.yaml``:
         optimizer.lr: tag(log, interval(1e-3, 3e-2))
     seeds: [0]         # each point repeated over these seeds (a `seed` axis when more than one)
     overrides: [...]   # fixed, CPU-friendly scale; anything on the command line comes after and wins
-    smoke: [...]       # added by --smoke: a few steps, for the test suite
+    smoke: [...]       # with --smoke: this study's additions to the shared SMOKE preset below
 
 Every point runs as one Hydra multirun (``train.py -m``) into the same sweep folder
 ``<output_root>/sweeps/<STUDY>-<time>/<point>/<job>``: all jobs share one W&B group, carry ``point=<name>``
@@ -35,10 +35,19 @@ from typing import Any
 
 import yaml
 
-from components.sweep_job import POINT_ENV, split_override
+from runtime import handoff
+from runtime.sweep_job import split_override
 
 STUDIES = Path(__file__).resolve().parent
 REPO = STUDIES.parent
+
+# --smoke: every study at a test-suite scale (a tiny model, two steps, no W&B); a study's own `smoke:`
+# list is applied after this and wins for the keys it repeats
+SMOKE = [
+    "model=tiny", "data.seq_len=64", "data.batch_size=4", "data.val_tokens=1024", "trainer.max_steps=2",
+    "trainer.val_check_interval=2", "trainer.max_time_minutes=null", "trainer.compile=false",
+    "trainer.enable_progress_bar=false", "logger=csv",
+]
 
 
 def study_names() -> list[str]:
@@ -96,7 +105,7 @@ def commands(name: str, study: dict[str, Any], extra: list[str], smoke: bool, sw
         grid = search_overrides(study["search"])
     seeds = study.get("seeds") or [0]
     seed_axis = [f"seed={','.join(str(s) for s in seeds)}"]
-    fixed = list(study.get("overrides") or []) + (list(study.get("smoke") or []) if smoke else [])
+    fixed = list(study.get("overrides") or []) + ([*SMOKE, *(study.get("smoke") or [])] if smoke else [])
     out = []
     for point, overrides in study["points"].items():
         merged: dict[str, str] = {}  # one override per key, the last one given wins
@@ -116,7 +125,7 @@ def run_points(cmds: list[tuple[str, list[str]]], output_root: Path, env: dict[s
         while pending and len(running) < max(1, jobs) and not config_error:
             point, cmd = pending.pop(0)
             argv = [sys.executable, str(REPO / "train.py"), *cmd, f"output_root={output_root}"]
-            running.append((point, subprocess.Popen(argv, cwd=REPO, env={**env, POINT_ENV: point})))
+            running.append((point, subprocess.Popen(argv, cwd=REPO, env={**env, **handoff.point_env(point)})))
         if not running:
             if pending:
                 print(f"error: not started after a configuration error: {', '.join(p for p, _ in pending)}", file=sys.stderr)

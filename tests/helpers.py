@@ -1,19 +1,118 @@
-"""Config composition shortcuts for tests."""
+"""Everything tests share: composing configs, building small models, running train.py, fault injection."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from components.config import validate
-from components.launch import compose, strip_hydra
+import torch
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+from components.model import Decoder
+from runtime.config import RootConfig, validate
+from runtime.launch import compose, strip_hydra
+
+REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "conf"
 
 
-def compose_root(*overrides: str):
+def compose_root(*overrides: str) -> RootConfig:
     """Typed, validated RootConfig for the given overrides."""
     return validate(strip_hydra(compose(list(overrides))))
 
 
+def build_model(*overrides: str) -> Decoder:
+    """The decoder the given overrides compose (fp32, random init from the current torch seed)."""
+    return Decoder(compose_root(*overrides).decoder_config())
+
+
+def tiny_model(*overrides: str, seed: int = 0, gain_noise: float = 0.1) -> Decoder:
+    """``model=tiny`` in fp64, eval mode, with random (not unit) norm gains and non-zero 1-D parameters,
+    so that a wiring bug hidden by symmetric weights (unit gains, zero AttnRes queries) still shows."""
+    torch.manual_seed(seed)
+    model = build_model("model=tiny", *overrides).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(gain_noise * torch.randn_like(p))
+    return model
+
+
 def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def run_train(*overrides: str, timeout: float = 600, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """``python train.py overrides...`` in a subprocess from the repository root (or ``cwd``)."""
+    full_env = {**os.environ, "PYTHONPATH": str(cwd), **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(cwd / "train.py"), *overrides],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env,
+    )
+
+
+def kill_after_microbatch(n: int) -> str:
+    """The override that SIGKILLs a run right after micro-batch ``n`` (runtime/callbacks/fault_injection.py)."""
+    return f"+callbacks.kill={{_target_:runtime.callbacks.fault_injection.FaultInjection,kill_after:{n}}}"
+
+
+# -- contract checks shared by the registry-driven tests (tests/contracts/) ------------------------------
+def assert_shape(model: Decoder) -> None:
+    ids = torch.randint(0, model.vocab_size, (3, 11))
+    assert model(ids).shape == (3, 11, model.vocab_size)
+
+
+def assert_causal(model: Decoder, T: int = 24) -> None:
+    """Changing the tokens after t leaves every output up to t unchanged, and changes some later one."""
+    ids = torch.randint(0, model.vocab_size, (2, T))
+    base = model(ids)
+    for t in (0, 7, T - 2):
+        changed = ids.clone()
+        changed[:, t + 1 :] = torch.randint(0, model.vocab_size, (2, T - t - 1))
+        out = model(changed)
+        torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], rtol=0, atol=1e-10)
+        assert not torch.allclose(out[:, t + 1 :], base[:, t + 1 :])
+
+
+def assert_cached_decoding_matches(model: Decoder, prefill: int, steps: int, tol: float = 1e-9) -> None:
+    """Prefill, single-token steps and a multi-token continuation through the cache equal one full pass
+    (``tol``: fp64 round-off; routers score in fp32 by design, so routed FFNs need fp32's)."""
+    ids = torch.randint(0, model.vocab_size, (2, prefill + steps + 3))
+    full = model(ids)
+    cache = model.new_cache()
+    outs = [model(ids[:, :prefill], cache=cache)]
+    for t in range(prefill, prefill + steps):
+        outs.append(model(ids[:, t : t + 1], cache=cache))
+    outs.append(model(ids[:, prefill + steps :], cache=cache))
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, rtol=tol, atol=tol)
+    assert cache.seq_len == ids.shape[1]
+
+
+def train_steps(*overrides: str, steps: int = 4, seed: int = 0) -> tuple[Decoder, list[float], dict[str, float]]:
+    """A few optimizer steps on one fixed batch, wired as the runtime wires them: the model, the
+    balancer's loss term and per-step update, and the optimizer, all built from their registries.
+    Returns the model, the losses and the balancer's last metrics."""
+    import torch.nn.functional as F
+
+    from components.registry import BALANCERS, OPTIMIZERS
+
+    root = compose_root("model=tiny", *overrides)
+    torch.manual_seed(seed)
+    model = Decoder(root.decoder_config()).train()
+    balancer = BALANCERS.build(root.balancer)
+    balancer.attach(model)
+    optimizer = OPTIMIZERS.build(root.optimizer, model)
+    ids = torch.randint(0, model.vocab_size, (4, 33))
+    losses, metrics = [], {}
+    for _ in range(steps):
+        loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1).float(), ids[:, 1:].flatten())
+        aux = balancer.aux_loss(model)
+        optimizer.zero_grad(set_to_none=True)
+        (loss if aux is None else loss + aux).backward()
+        missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        assert not missing, f"parameters without a gradient (unused in forward): {missing}"
+        optimizer.step()
+        metrics = balancer.step(model)
+        losses.append(loss.item())
+    return model, losses, metrics

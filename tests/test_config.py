@@ -8,7 +8,7 @@ import torch
 
 from components.model import Decoder
 from components.registry import DATASETS, ConfigError
-from tests.conftest import run_train
+from tests.helpers import run_train
 from tests.helpers import CONF, compose_root, group_options
 
 # groups whose options change the model; the others are checked by composition + validation only
@@ -23,7 +23,7 @@ def small(*overrides: str) -> list[str]:
 @pytest.mark.parametrize("group,option", [(g, o) for g in MODEL_GROUPS for o in group_options(g)])
 def test_model_group_option_composes_and_builds(group, option):
     root = compose_root(*small(f"{group}={option}"))
-    model = Decoder(root)
+    model = Decoder(root.decoder_config())
     ids = torch.randint(0, root.model.vocab_size, (2, 16))
     logits = model(ids)
     assert logits.shape == (2, 16, root.model.vocab_size)

@@ -6,15 +6,14 @@ import pytest
 import torch
 
 from components.generate import generate
-from components.model import Decoder
 from components.registry import MIXERS
-from tests.helpers import compose_root
+from tests.helpers import build_model
 
 
 @pytest.mark.parametrize("mixer", MIXERS.names())
 def test_greedy_generation_matches_full_recomputation(mixer):
     torch.manual_seed(0)
-    model = Decoder(compose_root("model=tiny", f"mixer={mixer}")).double().eval()
+    model = build_model("model=tiny", f"mixer={mixer}").double().eval()
     prompt = torch.randint(0, model.vocab_size, (2, 7))
     out = generate(model, prompt, max_new_tokens=6)
     seq = prompt
@@ -27,7 +26,7 @@ def test_greedy_generation_matches_full_recomputation(mixer):
 
 def test_sampling_is_seeded_and_respects_top_k():
     torch.manual_seed(0)
-    model = Decoder(compose_root("model=tiny")).eval()
+    model = build_model("model=tiny").eval()
     prompt = torch.randint(0, model.vocab_size, (1, 4))
     a = generate(model, prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(1))
     b = generate(model, prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(1))

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from components.launch import compose, strip_hydra
-from components.training.jsonl_logger import read_metrics
-from tests.conftest import run_train
+from runtime.launch import compose, strip_hydra
+from runtime.jsonl_logger import read_metrics
+from tests.helpers import run_train
 from tests.helpers import compose_root
 
 

@@ -46,8 +46,6 @@ def test_hybrid_plan_from_the_command_line():
         "model=tiny", "model.n_layers=5", "+mixer@mixers.global=mha",
         "model.mixer_plan.repeat=[mixer,global]", "+model.mixer_plan.at={-1:global}",
     )
-    from components.layer_plan import resolve_plan
-
-    plan = resolve_plan(root)
+    plan = root.decoder_config().layers
     assert [s.mixer.name for s in plan] == ["gqa", "mha", "gqa", "mha", "mha"]
     assert describe_plan(plan) == "0: gqa/dense | 1: mha/dense | 2: gqa/dense | 3-4: mha/dense"

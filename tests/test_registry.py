@@ -45,14 +45,24 @@ def test_member_configs_are_dataclasses_with_their_name(group):
         assert cfg.name == entry.name, f"{entry.config_cls.__name__}.name defaults to {cfg.name!r}, not {entry.name!r}"
 
 
-def test_register_rejects_non_dataclass_and_duplicates():
+def test_register_rejects_non_dataclass_non_contract_and_duplicates():
+    from components.config import ComponentConfig
+    from components.mixers.base import Mixer
+
     reg = Registry("thing", "thing_group_for_tests", "components.mixers")
 
     with pytest.raises(TypeError):
         reg.register("x", dict)
 
     @dataclasses.dataclass
-    class Cfg:
+    class Plain:
+        name: str = "x"
+
+    with pytest.raises(TypeError, match="ComponentConfig"):
+        reg.register("x", Plain)
+
+    @dataclasses.dataclass
+    class Cfg(ComponentConfig):
         name: str = "x"
 
     @reg.register("x", Cfg)
@@ -64,3 +74,15 @@ def test_register_rejects_non_dataclass_and_duplicates():
         @reg.register("x", Cfg)
         class B:
             pass
+
+    # a family with a written contract refuses a class that does not subclass it
+    mixers = Registry("mixer", "mixer_group_for_tests", "components.mixers", "components.mixers.base:Mixer")
+    with pytest.raises(TypeError, match="Mixer"):
+
+        @mixers.register("y", Cfg)
+        class NotAMixer:
+            pass
+
+    @mixers.register("y", Cfg)
+    class AMixer(Mixer):
+        pass

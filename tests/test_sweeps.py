@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from analysis.compare import compare
-from components.sweep_job import read_index
+from runtime.sweep_job import read_index
 from sweeps.run import commands, load_study, main, study_names
 
 STUDIES = study_names()
@@ -35,7 +35,7 @@ def test_every_point_of_every_study_trains(tmp_path, study):
 
 
 def test_every_job_of_every_study_composes_and_validates(tmp_path):
-    from components.launch import expand_sweep, validate_overrides
+    from runtime.launch import expand_sweep, validate_overrides
 
     for study in STUDIES:
         for point, argv in commands(study, load_study(study), [], True, tmp_path):
@@ -47,7 +47,7 @@ def test_every_job_of_every_study_composes_and_validates(tmp_path):
 def test_every_study_compares_its_points_at_equal_tokens_with_warmup_inside_the_budget(tmp_path):
     """Default scale: every job of a study trains the same number of tokens (a step budget, the time
     limit only a guard), and the learning-rate warmup ends well before the budget does."""
-    from components.launch import compose, expand_sweep
+    from runtime.launch import compose, expand_sweep
 
     for study in STUDIES:
         spec = load_study(study)
@@ -102,7 +102,7 @@ def test_a_study_goes_to_slurm_with_the_launcher_override(tmp_path):
     with the submitit launcher shaped by the trainer preset (nothing is submitted here)."""
     from omegaconf import OmegaConf
 
-    from components.launch import compose
+    from runtime.launch import compose
 
     for point, argv in commands("balancer", load_study("balancer"), ["hydra/launcher=slurm", "trainer=slurm", "trainer.num_nodes=2"], False, tmp_path):
         overrides = [a for a in argv if a != "-m" and not a.startswith("hydra.sweep")]

@@ -1,4 +1,4 @@
-"""Auxiliary load-balancing loss (Switch / DeepSeek expert-level; optional DeepSeek-V3 sequence-wise), spec 6.2.
+"""Auxiliary load-balancing loss (Switch / DeepSeek expert-level; optional DeepSeek-V3 sequence-wise), docs/k3.md §6.2.
 
 Per routed layer, for the current micro-batch of T tokens, E experts, top-k:
 
@@ -28,21 +28,23 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from components.config import ComponentConfig
 from components.balancers.base import Balancer
-from components.balancers.load_stats import all_reduce_sum_, find_routers, finish_step, world_size
+from components.balancers.load_stats import find_routers, finish_step
+from components.distributed import all_reduce_sum_, world_size
 from components.ffn.router import RouterRecord
 from components.registry import BALANCERS, ConfigError
 
 
 @dataclass
-class AuxLossConfig:
+class AuxLossConfig(ComponentConfig):
     name: str = "aux_loss"
     # loss weight (Switch ~1e-2; DeepSeek-V3 sequence-wise: 1e-4)
     alpha: float = 0.01
     # compute f and P within each sequence and average over sequences (needs [B, T] router inputs)
     sequence_wise: bool = False
 
-    def validate(self, root: Any, key: str) -> None:
+    def validate(self, model: Any, key: str) -> None:
         if not self.alpha >= 0:
             raise ConfigError(f"{key}.alpha", f"must be >= 0, got {self.alpha}")
 

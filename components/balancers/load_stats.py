@@ -1,4 +1,4 @@
-"""Shared balancer plumbing: find routers, all-reduce their statistics, MaxVio (spec 6.1).
+"""Shared balancer plumbing: find routers, all-reduce their statistics, MaxVio (docs/k3.md §6.1).
 
 Every balancer's ``step`` reads the loads each router accumulated over the micro-batches of the step,
 sums them over data-parallel ranks (one all-reduce for all layers), logs MaxVio, and resets the routers.
@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from components.distributed import all_reduce_sum_, world_size
 from components.ffn.router import Router
 
 
@@ -23,21 +24,6 @@ def router_labels(routers: list[Router]) -> list[str]:
     """``layer_<layer_idx>``; ``router_<position>`` when layer indices are not unique."""
     labels = [f"layer_{r.layer_idx}" for r in routers]
     return labels if len(set(labels)) == len(labels) else [f"router_{i}" for i in range(len(routers))]
-
-
-def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
-    """Sum ``t`` in place over data-parallel ranks (no-op on one process)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
-def world_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def reduced_loads(routers: list[Router]) -> tuple[torch.Tensor, torch.Tensor]:

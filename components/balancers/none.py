@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from components.config import ComponentConfig
 from components.balancers.base import Balancer
 from components.registry import BALANCERS
 
 
 @dataclass
-class NoBalancerConfig:
+class NoBalancerConfig(ComponentConfig):
     name: str = "none"
 
 

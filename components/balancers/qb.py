@@ -1,4 +1,4 @@
-"""Quantile Balancing (K3), spec 6.4-6.6.
+"""Quantile Balancing (K3), docs/k3.md §6.4-6.6.
 
 Per routed layer and optimizer step, with the OLD bias ``b`` (the one every micro-batch of the step was
 routed with):
@@ -36,8 +36,10 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from components.config import ComponentConfig
 from components.balancers.base import Balancer
-from components.balancers.load_stats import all_reduce_sum_, find_routers, maxvio_metrics, reduced_loads, world_size
+from components.balancers.load_stats import find_routers, maxvio_metrics, reduced_loads
+from components.distributed import all_reduce_sum_, world_size
 from components.ffn.router import Router, histogram_range, margin_histogram
 from components.registry import BALANCERS, ConfigError
 
@@ -45,14 +47,14 @@ QB_ESTIMATORS = ("histogram", "exact", "interpolated")
 
 
 @dataclass
-class QBConfig:
+class QBConfig(ComponentConfig):
     name: str = "qb"
     # histogram (K3), exact (order statistic) or interpolated (linear quantile)
     estimator: str = "histogram"
     # histogram bins (K3: 1000; 10000 balanced no better)
     bins: int = 1000
 
-    def validate(self, root: Any, key: str) -> None:
+    def validate(self, model: Any, key: str) -> None:
         if self.estimator not in QB_ESTIMATORS:
             raise ConfigError(f"{key}.estimator", f"must be one of {', '.join(QB_ESTIMATORS)}, got '{self.estimator}'")
         if self.bins < 2:

@@ -1,4 +1,4 @@
-"""Loss-free balancing by a sign update of the selection bias (DeepSeek-V3 / K2), spec 6.3.
+"""Loss-free balancing by a sign update of the selection bias (DeepSeek-V3 / K2), docs/k3.md §6.3.
 
 After each optimizer step, per routed layer: ``b_j += u * sign(q - l_j)`` with ``l_j`` the load of expert j
 summed over every micro-batch of the step and every data-parallel rank (one all-reduce), and
@@ -14,18 +14,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from components.config import ComponentConfig
 from components.balancers.base import Balancer
 from components.balancers.load_stats import find_routers, maxvio_metrics, reduced_loads
 from components.registry import BALANCERS, ConfigError
 
 
 @dataclass
-class SignSGDConfig:
+class SignSGDConfig(ComponentConfig):
     name: str = "signsgd"
     # bias update speed u (DeepSeek-V3: 1e-3)
     update_rate: float = 1e-3
 
-    def validate(self, root: Any, key: str) -> None:
+    def validate(self, model: Any, key: str) -> None:
         if not self.update_rate >= 0:
             raise ConfigError(f"{key}.update_rate", f"must be >= 0, got {self.update_rate}")
 

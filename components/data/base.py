@@ -14,6 +14,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from components.config import ComponentConfig
+
 IGNORE_INDEX = -100
 
 
@@ -22,6 +24,15 @@ def batch_generator(seed: int, index: int, stream: int = 0) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed((seed * 1_000_003 + stream) * 1_000_000_007 + index)
     return g
+
+
+class DatasetConfig(ComponentConfig):
+    """Fields every dataset config has (its dataclass declares them): the runtime splits
+    ``batch_size`` rows over data-parallel ranks and the model takes its vocabulary from ``vocab_size``."""
+
+    vocab_size: int
+    seq_len: int
+    batch_size: int
 
 
 class TokenDataset:

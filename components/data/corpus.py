@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
-import torch
 
-from components.data.base import TokenStreamDataset
+from components.data.base import DatasetConfig, TokenStreamDataset
 from components.registry import DATASETS, ConfigError
 
 SEPARATOR = 256
@@ -32,21 +31,22 @@ NUM_BYTE_TOKENS = 256
 
 
 @dataclass
-class CorpusConfig:
+class CorpusConfig(DatasetConfig):
     name: str = "corpus"
     seq_len: int = 256
     # global micro-batch (summed over data-parallel ranks)
     batch_size: int = 32
     # share of files (by path hash) held out for validation, in percent
     val_percent: float = 2.0
-    # evaluate on at most this many validation tokens (None: the whole validation split)
-    val_tokens: Optional[int] = None
+    # evaluate on at most this many validation tokens, for a bounded evaluation time (None: the whole
+    # validation split)
+    val_tokens: Optional[int] = 262144
     # 256 byte values + 1 separator; a larger value pads the embedding table
     vocab_size: int = 257
     # where the token cache goes (None: $K3_CACHE_DIR or ~/.cache/k3-sandbox)
     cache_dir: Optional[str] = None
 
-    def validate(self, root: Any, key: str) -> None:
+    def validate(self, model: Any, key: str) -> None:
         if self.seq_len < 2:
             raise ConfigError(f"{key}.seq_len", f"must be at least 2, got {self.seq_len}")
         if self.batch_size < 1:

@@ -10,14 +10,14 @@ import numpy as np
 import torch
 from omegaconf import MISSING
 
-from components.data.base import TokenStreamDataset
+from components.data.base import DatasetConfig, TokenStreamDataset
 from components.registry import DATASETS, ConfigError
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
 
 @dataclass
-class MemmapConfig:
+class MemmapConfig(DatasetConfig):
     name: str = "memmap"
     # training tokens
     path: str = MISSING
@@ -31,7 +31,7 @@ class MemmapConfig:
     batch_size: int = 32
     val_tokens: Optional[int] = 1_000_000
 
-    def validate(self, root: Any, key: str) -> None:
+    def validate(self, model: Any, key: str) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"{key}.dtype", f"'{self.dtype}' is not allowed; choose one of {', '.join(DTYPES)}")
         for field_name in ("path", "val_path"):

@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from components.data.base import IGNORE_INDEX, TokenDataset, batch_generator
+from components.data.base import DatasetConfig, IGNORE_INDEX, TokenDataset, batch_generator
 from components.registry import DATASETS, ConfigError
 
 VAL_STREAM = 1
 
 
 @dataclass
-class MQARConfig:
+class MQARConfig(DatasetConfig):
     name: str = "mqar"
     vocab_size: int = 8192
     seq_len: int = 64
@@ -35,7 +35,7 @@ class MQARConfig:
     random_non_queries: bool = True
     num_val_examples: int = 1024
 
-    def validate(self, root: Any, key: str) -> None:
+    def validate(self, model: Any, key: str) -> None:
         if self.num_kv_pairs < 1:
             raise ConfigError(f"{key}.num_kv_pairs", f"must be positive, got {self.num_kv_pairs}")
         if self.seq_len < 4 * self.num_kv_pairs:

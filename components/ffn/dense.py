@@ -12,23 +12,31 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from components.config import ComponentConfig
+from components.ffn.base import FFN
 from components.ops.activations import GLU_ACTIVATIONS, glu_activation
+from components.ops.backend import allowed_backends
 from components.registry import FFNS, ConfigError
 
 
 @dataclass
-class GLUActivationConfig:
+class GLUActivationConfig(ComponentConfig):
     """Activation fields shared by every FFN: ``glu``, ``swiglu`` or ``situ_glu`` (K3)."""
 
     activation: str = "situ_glu"
     # SiTU-GLU softcaps: gate cap beta (K3: 4) and value cap linear_beta (K3: 25; None = uncapped)
     situ_beta: float = 4.0
     situ_linear_beta: Optional[float] = 25.0
+    # SiTU-GLU back-end: torch (reference), triton (fused kernel, CUDA) or auto (components/ops/backend.py)
+    activation_backend: str = "auto"
 
     def activation_fn(self):
         if self.activation == "situ_glu":
-            return glu_activation("situ_glu", beta=self.situ_beta, linear_beta=self.situ_linear_beta)
+            return glu_activation("situ_glu", beta=self.situ_beta, linear_beta=self.situ_linear_beta, backend=self.activation_backend)
         return glu_activation(self.activation)
+
+    def kernel_backends(self) -> dict[str, str]:
+        return {"activation_backend": self.activation_backend} if self.activation == "situ_glu" else {}
 
     def validate_activation(self, key: str) -> None:
         if self.activation not in GLU_ACTIVATIONS:
@@ -37,6 +45,8 @@ class GLUActivationConfig:
             raise ConfigError(f"{key}.situ_beta", f"must be positive, got {self.situ_beta}")
         if self.situ_linear_beta is not None and self.situ_linear_beta <= 0:
             raise ConfigError(f"{key}.situ_linear_beta", f"must be positive or null, got {self.situ_linear_beta}")
+        if self.activation_backend not in allowed_backends("situ_glu"):
+            raise ConfigError(f"{key}.activation_backend", f"'{self.activation_backend}' is not allowed; choose one of {', '.join(allowed_backends('situ_glu'))}")
 
 
 def default_hidden_dim(d_model: int, multiple: int = 64) -> int:
@@ -50,17 +60,16 @@ class DenseFFNConfig(GLUActivationConfig):
     # None: 8/3 * d_model rounded up to a multiple of 64
     hidden_dim: Optional[int] = None
 
-    def validate(self, root: Any, key: str) -> None:
+    def validate(self, model: Any, key: str) -> None:
         self.validate_activation(key)
         if self.hidden_dim is not None and self.hidden_dim <= 0:
             raise ConfigError(f"{key}.hidden_dim", f"must be positive, got {self.hidden_dim}")
 
 
-class GLUMLP(nn.Module):
-    """``down_proj(act(gate_proj(x), up_proj(x)))`` with bias-free projections."""
+class GLUProjections:
+    """``down_proj(act(gate_proj(x), up_proj(x)))`` with bias-free projections, for an ``nn.Module``."""
 
-    def __init__(self, d_model: int, hidden_dim: int, act: Any, init_std: float = 0.02, out_init_std: Optional[float] = None):
-        super().__init__()
+    def _build_glu(self, d_model: int, hidden_dim: int, act: Any, init_std: float, out_init_std: Optional[float]) -> None:
         self.act = act
         self.gate_proj = nn.Linear(d_model, hidden_dim, bias=False)
         self.up_proj = nn.Linear(d_model, hidden_dim, bias=False)
@@ -73,15 +82,18 @@ class GLUMLP(nn.Module):
         return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
 
 
+class GLUMLP(GLUProjections, nn.Module):
+    """A GLU MLP as a building block (MoE shared experts)."""
+
+    def __init__(self, d_model: int, hidden_dim: int, act: Any, init_std: float = 0.02, out_init_std: Optional[float] = None):
+        nn.Module.__init__(self)
+        self._build_glu(d_model, hidden_dim, act, init_std, out_init_std)
+
+
 @FFNS.register("dense", DenseFFNConfig)
-class DenseFFN(GLUMLP):
+class DenseFFN(GLUProjections, FFN):
     """Dense GLU FFN (SwiGLU, SiTU-GLU or GLU)."""
 
     def __init__(self, cfg: DenseFFNConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
-        hidden = cfg.hidden_dim or default_hidden_dim(d_model)
-        super().__init__(d_model, hidden, cfg.activation_fn(), init_std, out_init_std)
-        self.cfg = cfg
-        self.layer_idx = layer_idx
-
-    def active_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        FFN.__init__(self, cfg, d_model, layer_idx)
+        self._build_glu(d_model, cfg.hidden_dim or default_hidden_dim(d_model), cfg.activation_fn(), init_std, out_init_std)

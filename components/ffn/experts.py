@@ -1,4 +1,4 @@
-"""Routed GLU experts stored as 3-D tensors, with loop-free grouped dispatch (spec 4.2).
+"""Routed GLU experts stored as 3-D tensors, with loop-free grouped dispatch (docs/k3.md §4.2).
 
 Weights (``nn.Linear`` convention, ``y = x W^T``), for E experts of input width ``d_in`` and hidden width m:
 
@@ -17,7 +17,9 @@ choices (an index write with unique positions: deterministic, no atomics). Backe
 * ``grouped_mm``: ``torch.nn.functional.grouped_mm`` (2-D tokens x 3-D weights with int32 offsets). In
   torch 2.13 it runs on CPU for fp32/bf16/fp16 (not fp64) when every row stride is a multiple of 16 bytes
   (d_in and m multiples of 4 in fp32, of 8 in bf16); on CUDA ``auto`` only picks it for bf16 (the only
-  dtype its meta/CUDA checks accept), fewer than 1024 experts.
+  dtype its meta/CUDA checks accept), fewer than 1024 experts, compute capability 8.x or 9.x (on 10.x,
+  Blackwell, it has open reports of wrong gradients for experts that receive no tokens, so ``auto`` runs
+  ``padded_bmm`` there; see ``auto_dispatch``). An explicit ``dispatch=grouped_mm`` is always honoured.
 * ``padded_bmm``: scatter the sorted tokens into ``[E, C, d_in]`` (C = the largest expert load, or the
   capacity), ``bmm``, gather back; any dtype, wasted work on padding.
 * ``loop``: ``experts_reference`` (a Python loop over experts; slow, the test oracle).
@@ -36,11 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.optim.muon import MatrixLayout
+from components.nn.matrix_layout import HasMatrixLayouts, MatrixLayout
 
-DISPATCH_BACKENDS = ("auto", "grouped_mm", "padded_bmm", "loop")
+DISPATCH_CHOICES = ("auto", "grouped_mm", "padded_bmm", "loop")
 _GROUPED_MM_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _GROUPED_MM_MAX_GROUPS = 1024  # the CUDA bf16 kernel needs fewer groups than this
+# From this compute capability on (Blackwell, sm_100+), ``auto`` does not pick grouped_mm: see auto_dispatch.
+_GROUPED_MM_UNTRUSTED_CAPABILITY = (10, 0)
 
 
 def capacity(num_tokens: int, top_k: int, num_experts: int, capacity_factor: Optional[float]) -> Optional[int]:
@@ -62,6 +66,21 @@ def grouped_mm_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
         return False
     align = 16 // x.element_size()
     return ok_dtype and x.shape[-1] % align == 0 and w.shape[-1] % align == 0
+
+
+def auto_dispatch(x: torch.Tensor, w1: torch.Tensor) -> str:
+    """The back-end ``dispatch=auto`` runs for tokens ``x [R, d_in]`` and gate weights ``w1 [E, m, d_in]``:
+    ``grouped_mm`` where it runs as is and is trusted, else ``padded_bmm``."""
+    if not grouped_mm_supported(x, w1.transpose(-2, -1)):
+        return "padded_bmm"
+    # torch._grouped_mm / F.grouped_mm has open reports of wrong gradients for experts that receive zero
+    # tokens on Blackwell-class GPUs (compute capability 10.x): pytorch/pytorch#172439 and
+    # pytorch/pytorch#193633. Routing leaves experts empty routinely, so on those devices ``auto`` takes the
+    # padded batched path (exact zeros for empty experts, some wasted work on padding) until the kernel is
+    # fixed; ``dispatch=grouped_mm`` still forces the grouped kernel.
+    if x.device.type == "cuda" and tuple(torch.cuda.get_device_capability(x.device)) >= _GROUPED_MM_UNTRUSTED_CAPABILITY:
+        return "padded_bmm"
+    return "grouped_mm"
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -142,7 +161,7 @@ def experts_reference(
     return out.to(x.dtype)
 
 
-class RoutedExperts(nn.Module):
+class RoutedExperts(HasMatrixLayouts):
     """``experts(z [N, d_in], indices [N, k], weights [N, k]) -> [N, d_in]``."""
 
     def __init__(
@@ -157,8 +176,8 @@ class RoutedExperts(nn.Module):
         dispatch: str = "auto",
     ):
         super().__init__()
-        if dispatch not in DISPATCH_BACKENDS:
-            raise ValueError(f"dispatch must be one of {DISPATCH_BACKENDS}, got {dispatch!r}")
+        if dispatch not in DISPATCH_CHOICES:
+            raise ValueError(f"dispatch must be one of {DISPATCH_CHOICES}, got {dispatch!r}")
         self.num_experts = num_experts
         self.d_in = d_in
         self.hidden_dim = hidden_dim
@@ -195,8 +214,8 @@ class RoutedExperts(nn.Module):
     # -- dispatch --------------------------------------------------------------------------------------
     def _backend(self, z: torch.Tensor, w1: torch.Tensor) -> str:
         if self.dispatch != "auto":
-            return self.dispatch
-        return "grouped_mm" if grouped_mm_supported(z, w1.transpose(-2, -1)) else "padded_bmm"
+            return self.dispatch  # an explicit choice is honoured, grouped_mm on any device included
+        return auto_dispatch(z, w1)
 
     def forward(self, z: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         dtype = z.dtype

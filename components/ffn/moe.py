@@ -1,6 +1,6 @@
 """Routed mixture-of-experts FFNs: ``moe`` (full width), ``latent_moe``, ``stable_latent_moe`` (K3).
 
-Parameter names follow the K3 reference (``KimiSparseMoeBlock``, spec 4.2/4.3):
+Parameter names follow the K3 reference (``KimiSparseMoeBlock``, docs/k3.md §4.2/4.3):
 
 * ``gate.weight [E, d]`` (router, fp32) and ``gate.e_score_correction_bias [E]`` (buffer)
 * ``experts.w1 / w3 [E, m, d_e]``, ``experts.w2 [E, d_e, m]`` (K3 ``experts.{i}.w1.weight`` = ``w1[i]``)
@@ -25,8 +25,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from components.ffn.base import FFN
 from components.ffn.dense import GLUActivationConfig, GLUMLP
-from components.ffn.experts import DISPATCH_BACKENDS, RoutedExperts
+from components.ffn.experts import DISPATCH_CHOICES, RoutedExperts
 from components.ffn.router import ROUTER_ACTIVATIONS, Router
 from components.nn.rmsnorm import RMSNorm
 from components.registry import FFNS, ConfigError
@@ -52,7 +53,7 @@ class MoEFFNConfig(GLUActivationConfig):
     # expert dispatch backend: auto (grouped_mm where it applies, else padded_bmm), grouped_mm, padded_bmm, loop
     dispatch: str = "auto"
 
-    def validate(self, root: Any, key: str) -> None:
+    def validate(self, model: Any, key: str) -> None:
         self.validate_activation(key)
         if self.num_experts < 1:
             raise ConfigError(f"{key}.num_experts", f"must be >= 1, got {self.num_experts}")
@@ -68,8 +69,8 @@ class MoEFFNConfig(GLUActivationConfig):
             raise ConfigError(f"{key}.routed_scaling_factor", f"must be positive, got {self.routed_scaling_factor}")
         if self.capacity_factor is not None and not self.capacity_factor > 0:
             raise ConfigError(f"{key}.capacity_factor", f"must be positive or null (dropless), got {self.capacity_factor}")
-        if self.dispatch not in DISPATCH_BACKENDS:
-            raise ConfigError(f"{key}.dispatch", f"must be one of {', '.join(DISPATCH_BACKENDS)}, got '{self.dispatch}'")
+        if self.dispatch not in DISPATCH_CHOICES:
+            raise ConfigError(f"{key}.dispatch", f"must be one of {', '.join(DISPATCH_CHOICES)}, got '{self.dispatch}'")
 
 
 @dataclass
@@ -81,9 +82,9 @@ class LatentMoEConfig(MoEFFNConfig):
     def resolved_latent_dim(self, d_model: int) -> int:
         return self.latent_dim if self.latent_dim is not None else d_model // 2
 
-    def validate(self, root: Any, key: str) -> None:
-        super().validate(root, key)
-        d_model = root.model.d_model
+    def validate(self, model: Any, key: str) -> None:
+        super().validate(model, key)
+        d_model = model.d_model
         if self.resolved_latent_dim(d_model) < 1:
             what = f"got {self.latent_dim}" if self.latent_dim is not None else f"null gives d_model // 2 = {d_model // 2}"
             raise ConfigError(f"{key}.latent_dim", f"must be >= 1 ({what})")
@@ -95,16 +96,15 @@ class StableLatentMoEConfig(LatentMoEConfig):
 
 
 @FFNS.register("moe", MoEFFNConfig)
-class MoEFFN(nn.Module):
+class MoEFFN(FFN):
     """Routed GLU experts (sigmoid top-k router with selection bias) + shared experts, full width."""
 
     latent = False
     stable = False
+    compile_friendly = False  # the router's balancing statistics are host-side per-step state
 
     def __init__(self, cfg: MoEFFNConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
-        super().__init__()
-        self.cfg = cfg
-        self.layer_idx = layer_idx
+        super().__init__(cfg, d_model, layer_idx)
         out_std = out_init_std or init_std
         act = cfg.activation_fn()
         d_e = cfg.resolved_latent_dim(d_model) if self.latent else d_model
@@ -152,8 +152,19 @@ class MoEFFN(nn.Module):
 
         The selection bias is a buffer and not counted (K3's reference keeps it as a parameter: add E).
         """
-        total = sum(p.numel() for p in self.parameters())
-        return total - (self.cfg.num_experts - self.cfg.top_k) * self.experts.expert_params()
+        return self.num_params() - self.unchosen_expert_params()
+
+    def unchosen_expert_params(self) -> int:
+        return (self.cfg.num_experts - self.cfg.top_k) * self.experts.expert_params()
+
+    def routed_experts(self) -> RoutedExperts:
+        return self.experts
+
+    def router(self) -> Router:
+        return self.gate
+
+    def latent_projections(self) -> Optional[tuple[nn.Module, nn.Module]]:
+        return (self.routed_expert_down_proj, self.routed_expert_up_proj) if self.latent else None
 
 
 @FFNS.register("latent_moe", LatentMoEConfig)

@@ -1,4 +1,4 @@
-"""Top-k router with a selection-only bias (DeepSeek-V3 / K3 "noaux_tc", spec 4.1).
+"""Top-k router with a selection-only bias (DeepSeek-V3 / K3 "noaux_tc", docs/k3.md §4.1).
 
 ``scores = sigmoid(x W^T)`` in fp32 (softmax optional); experts are chosen by top-k of
 ``scores + e_score_correction_bias``, but the combine weights come from the UNBIASED scores of the chosen
@@ -13,7 +13,7 @@ Statistics for balancers (training mode only, detached, accumulated over micro-b
 * ``last``: the latest forward's routing (``scores`` WITH autograd graph, for auxiliary losses; detached
   ``indices`` and ``cutoff``). One micro-batch only; replaced by every forward.
 * opt-in (``configure_stats``), for Quantile Balancing: ``hist [E, bins]`` counts of
-  ``r = cutoff - score`` over ``[min b - 1, max b + 1]`` (spec 6.6), or the list ``margins`` of ``r``
+  ``r = cutoff - score`` over ``[min b - 1, max b + 1]`` (docs/k3.md §6.6), or the list ``margins`` of ``r``
   blocks ``[N, E]`` of every micro-batch (exact quantiles; memory ``4 * M * E`` bytes per layer and step).
 
 The cutoff of a token is its (k+1)-th largest biased score. It is free: the router takes top-(k+1) once and
@@ -44,7 +44,7 @@ class RouterRecord:
 
 
 def histogram_range(bias: torch.Tensor) -> tuple[float, float]:
-    """``[min b - 1, max b + 1]``: contains every ``r = cutoff - s`` when ``s`` lies in [0, 1] (spec 6.6)."""
+    """``[min b - 1, max b + 1]``: contains every ``r = cutoff - s`` when ``s`` lies in [0, 1] (docs/k3.md §6.6)."""
     b = bias.detach().double()
     return float(b.min()) - 1.0, float(b.max()) + 1.0
 
@@ -64,8 +64,6 @@ def margin_histogram(r: torch.Tensor, lo: float, hi: float, bins: int) -> torch.
 
 class Router(nn.Module):
     """``router(x [..., d]) -> (indices [N, k], weights [N, k] fp32, scores [N, E] fp32)``, N = prod(...)."""
-
-    compile_friendly = False  # balancing statistics are host-side per-step state: trainer.compile=auto stays eager
 
     def __init__(
         self,

@@ -14,14 +14,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from components.nn.rope import apply_rope, rope_cos_sin
-from components.optim.muon import MatrixLayout
+from components.config import ComponentConfig
+from components.mixers.base import Mixer
+from components.nn.matrix_layout import MatrixLayout
 from components.registry import MIXERS, ConfigError
 
 
 @dataclass
-class AttentionConfig:
+class AttentionConfig(ComponentConfig):
     name: str = "gqa"
-    n_heads: int = 8
+    n_heads: int = 4
     # None: n_heads for mha, 1 for mqa; required for gqa
     n_kv_heads: Optional[int] = None
     # None: d_model // n_heads
@@ -37,8 +39,8 @@ class AttentionConfig:
     def head_size(self, d_model: int) -> int:
         return self.head_dim if self.head_dim is not None else d_model // self.n_heads
 
-    def validate(self, root: Any, key: str) -> None:
-        d_model = root.model.d_model
+    def validate(self, model: Any, key: str) -> None:
+        d_model = model.d_model
         if self.n_heads <= 0:
             raise ConfigError(f"{key}.n_heads", f"must be positive, got {self.n_heads}")
         if self.head_dim is None and d_model % self.n_heads:
@@ -90,13 +92,11 @@ class KVCache:
         return self.k, self.v
 
 
-class Attention(nn.Module):
+class Attention(Mixer):
     """Causal multi-head attention with grouped K/V heads (MHA / GQA / MQA)."""
 
     def __init__(self, cfg: AttentionConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
-        super().__init__()
-        self.cfg = cfg
-        self.layer_idx = layer_idx
+        super().__init__(cfg, d_model, layer_idx)
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.kv_heads()
         self.head_dim = cfg.head_size(d_model)

@@ -1,4 +1,4 @@
-"""Kimi Delta Attention (KDA), K3's linear-attention mixer (spec section 2).
+"""Kimi Delta Attention (KDA), K3's linear-attention mixer (docs/k3.md §2).
 
 Per layer: q/k/v projections -> short causal depthwise convolutions + SiLU -> heads -> L2-normalised
 q and k -> per-channel decay gate (K3's lower-bound sigmoid form, or Kimi Linear's softplus form) and
@@ -7,7 +7,7 @@ token for decoding) -> per-head RMSNorm times sigmoid output gate -> o_proj.
 
 The recurrent state is fixed-size ([H, K, V] per sequence), so decoding caches that state plus the last
 ``conv_size - 1`` inputs of each convolution. Parameter names and shapes follow the K3 reference
-checkpoint (spec 2.1), so a reference state dict loads without renaming.
+checkpoint (docs/k3.md §2.1), so a reference state dict loads without renaming.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from components.nn.rmsnorm import rms_norm
+from components.ops.backend import allowed_backends, resolve
 from components.ops.kda import chunk_kda, kda_gate, l2norm, recurrent_kda
-from components.optim.muon import MatrixLayout
+from components.config import ComponentConfig
+from components.mixers.base import Mixer
+from components.nn.matrix_layout import MatrixLayout
 from components.registry import MIXERS, ConfigError
 
-BACKENDS = ("torch", "fla", "auto")
-
-
 @dataclass
-class KDAConfig:
+class KDAConfig(ComponentConfig):
     name: str = "kda"
     n_heads: int = 4
     # key = value head size (K3: 128)
@@ -46,7 +46,10 @@ class KDAConfig:
     # torch: pure-PyTorch chunked kernel (any device); fla: fla-core Triton kernels (CUDA); auto
     backend: str = "auto"
 
-    def validate(self, root: Any, key: str) -> None:
+    def kernel_backends(self) -> dict[str, str]:
+        return {"backend": self.backend}
+
+    def validate(self, model: Any, key: str) -> None:
         for field_name in ("n_heads", "head_dim", "conv_size", "chunk_size"):
             if getattr(self, field_name) <= 0:
                 raise ConfigError(f"{key}.{field_name}", f"must be positive, got {getattr(self, field_name)}")
@@ -54,8 +57,8 @@ class KDAConfig:
             raise ConfigError(f"{key}.chunk_size", f"must be a power of two >= 16, got {self.chunk_size}")
         if self.gate_lower_bound is not None and not self.gate_lower_bound < 0:
             raise ConfigError(f"{key}.gate_lower_bound", f"must be negative (or null for the softplus gate), got {self.gate_lower_bound}")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"{key}.backend", f"'{self.backend}' is not allowed; choose one of {', '.join(BACKENDS)}")
+        if self.backend not in allowed_backends("kda"):
+            raise ConfigError(f"{key}.backend", f"'{self.backend}' is not allowed; choose one of {', '.join(allowed_backends('kda'))}")
         if self.backend == "fla" and self.gate_lower_bound is not None and self.gate_lower_bound < -5:
             raise ConfigError(f"{key}.gate_lower_bound", f"fla's kernels need a bound in [-5, 0), got {self.gate_lower_bound}")
 
@@ -85,26 +88,14 @@ def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, prefix: Optiona
     return F.silu(y.transpose(1, 2)), xp[:, xp.shape[1] - (W - 1) :]
 
 
-def fla_available(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    try:
-        import fla.ops.kda  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 @MIXERS.register("kda", KDAConfig)
-class KimiDeltaAttention(nn.Module):
+class KimiDeltaAttention(Mixer):
     """Kimi Delta Attention: gated delta-rule linear attention with a fixed-size state (K3)."""
 
     compile_friendly = False  # the chunked kernel picks its chunking from the data: trainer.compile=auto stays eager
 
     def __init__(self, cfg: KDAConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
-        super().__init__()
-        self.cfg = cfg
-        self.layer_idx = layer_idx
+        super().__init__(cfg, d_model, layer_idx)
         H, K = cfg.n_heads, cfg.head_dim
         P = H * K
         self.n_heads, self.head_dim = H, K
@@ -162,14 +153,7 @@ class KimiDeltaAttention(nn.Module):
         return KDACache()
 
     def use_fla(self, x: torch.Tensor) -> bool:
-        backend = self.cfg.backend
-        if backend == "torch":
-            return False
-        if backend == "fla":
-            if x.device.type != "cuda":
-                raise RuntimeError("mixer.backend=fla needs CUDA tensors; use backend=torch or auto on this device")
-            return True
-        return fla_available(x.device)
+        return resolve("kda", self.cfg.backend, x.device) == "fla"
 
     # -- forward ----------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, state: Optional[KDACache] = None, offset: int = 0) -> torch.Tensor:

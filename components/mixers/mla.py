@@ -1,6 +1,6 @@
 """Multi-head latent attention (MLA) as K3 uses it: q-LoRA, a shared latent + a shared key part, output gate.
 
-K3 (spec 3.2-3.5): keys and values of all heads come from one normalised latent ``c`` (``kv_lora_rank``)
+K3 (docs/k3.md §3.2-3.5): keys and values of all heads come from one normalised latent ``c`` (``kv_lora_rank``)
 through ``kv_b_proj``; every head also sees one shared ``qk_rope_head_dim`` key part ``k^r`` that K3 does
 *not* rotate (NoPE, bypass kept; ``rope: true`` gives DeepSeek-style RoPE on that part). The head outputs
 are multiplied by ``sigmoid(g_proj(x))`` before ``o_proj`` (``output_gate``).
@@ -24,14 +24,16 @@ from torch import nn
 
 from components.nn.rmsnorm import RMSNorm
 from components.nn.rope import apply_rope, rope_cos_sin
-from components.optim.muon import MatrixLayout
+from components.config import ComponentConfig
+from components.mixers.base import Mixer
+from components.nn.matrix_layout import MatrixLayout
 from components.registry import MIXERS, ConfigError
 
 ORDERS = ("expanded", "absorbed")
 
 
 @dataclass
-class MLAConfig:
+class MLAConfig(ComponentConfig):
     name: str = "mla"
     n_heads: int = 4
     # None: one q_proj [H*(nope+rope), d] (Kimi Linear 48B); K3 uses q-LoRA (1536)
@@ -51,7 +53,7 @@ class MLAConfig:
     # decode from the cache in the absorbed order (expanded otherwise)
     absorbed_decode: bool = True
 
-    def validate(self, root: Any, key: str) -> None:
+    def validate(self, model: Any, key: str) -> None:
         positive = {
             "n_heads": self.n_heads,
             "kv_lora_rank": self.kv_lora_rank,
@@ -95,13 +97,11 @@ def _causal_mask(T: int, S: int, device: torch.device) -> torch.Tensor:
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
 
 
-class MLA(nn.Module):
+class MLA(Mixer):
     """Multi-head latent attention (K3 / DeepSeek MLA) with a latent-only cache and absorbed decoding."""
 
     def __init__(self, cfg: MLAConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
-        super().__init__()
-        self.cfg = cfg
-        self.layer_idx = layer_idx
+        super().__init__(cfg, d_model, layer_idx)
         self.n_heads = H = cfg.n_heads
         self.kv_lora_rank = r = cfg.kv_lora_rank
         self.nope_dim = cfg.qk_nope_head_dim
@@ -109,7 +109,7 @@ class MLA(nn.Module):
         self.qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
         self.v_head_dim = cfg.v_head_dim
         self.scale = 1.0 / math.sqrt(self.qk_head_dim)
-        # parameter names and [out, in] shapes follow the K3 reference (spec 3.2)
+        # parameter names and [out, in] shapes follow the K3 reference (docs/k3.md §3.2)
         if cfg.q_lora_rank is not None:
             self.q_a_proj = nn.Linear(d_model, cfg.q_lora_rank, bias=False)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.lora_norm_eps)
@@ -156,6 +156,9 @@ class MLA(nn.Module):
         """Multiply-adds per (query, cached key) pair in the absorbed order: QK over kv_lora + rope,
         AV over kv_lora (an MQA with (kv_lora + rope)-d keys and kv_lora-d values)."""
         return self.n_heads * (self.kv_lora_rank + self.rope_dim + self.kv_lora_rank)
+
+    def decode_macs(self) -> dict[str, int]:
+        return {"prefill_macs_per_cached_position": self.prefill_macs_per_key(), "decode_macs_per_cached_position": self.decode_macs_per_key()}
 
     def flops_per_token(self, seq_len: int) -> float:
         # expanded order (training); a causal query sees (seq_len + 1) / 2 keys on average
@@ -221,7 +224,7 @@ class MLA(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
 
     def _absorbed(self, qc: torch.Tensor, qr: torch.Tensor, c: torch.Tensor, kr: torch.Tensor) -> torch.Tensor:
-        """Scores and aggregation in latent space (spec 3.3). Returns ``[B, H, T, v]``."""
+        """Scores and aggregation in latent space (docs/k3.md §3.3). Returns ``[B, H, T, v]``."""
         T, S = qc.shape[2], c.shape[1]
         uk, uv = self.up_projections()  # [H, nope, kv_lora], [H, v, kv_lora]
         q_hat = torch.einsum("bhtn,hnr->bhtr", qc, uk)  # [B, H, T, kv_lora]: U^K absorbed into the query

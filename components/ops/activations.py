@@ -1,4 +1,4 @@
-"""GLU-family activations (spec §5): z = f(gate) * g(up), elementwise.
+"""GLU-family activations (docs/k3.md §5): z = f(gate) * g(up), elementwise.
 
 All functions take `gate`, `up` of the same shape ([..., m], the two halves of
 `cat([w1 x, w3 x], -1)`, gate first) and return z of that shape in the input
@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from components.ops.backend import resolve
 
 GluFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -83,12 +85,9 @@ def _triton_module() -> ModuleType:
     return mod
 
 
-def _triton_eligible(gate: torch.Tensor, up: torch.Tensor) -> bool:
-    if not (gate.is_cuda and up.device == gate.device and gate.shape == up.shape and gate.dtype == up.dtype):
-        return False
-    mod = _triton_module()
-    # fp64 stays on the reference so it keeps fp64 accuracy
-    return mod.HAS_TRITON and gate.dtype in mod.SUPPORTED_DTYPES
+def _triton_applies(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    # one layout and dtype for both inputs; fp64 stays on the reference so it keeps fp64 accuracy
+    return up.device == gate.device and gate.shape == up.shape and gate.dtype == up.dtype and gate.dtype in _triton_module().SUPPORTED_DTYPES
 
 
 def situ_glu(
@@ -96,17 +95,11 @@ def situ_glu(
     up: torch.Tensor,
     beta: float | None = SITU_BETA,
     linear_beta: float | None = SITU_LINEAR_BETA,
-    use_triton: bool | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
-    """SiTU-GLU with backend dispatch.
-
-    use_triton: None = fused Triton kernel for CUDA tensors when triton is
-    importable, PyTorch reference otherwise; True = force the kernel (e.g. on
-    CPU under TRITON_INTERPRET=1; raises if triton is missing); False = reference.
-    """
-    if use_triton is None:
-        use_triton = _triton_eligible(gate, up)
-    if not use_triton:
+    """SiTU-GLU on the back-end ``components.ops.backend.resolve`` picks: ``torch`` (the reference),
+    ``triton`` (the fused kernel: CUDA, or the CPU under TRITON_INTERPRET=1) or ``auto``."""
+    if resolve("situ_glu", backend, gate.device, applies=lambda: _triton_applies(gate, up)) == "torch":
         return situ_glu_reference(gate, up, beta, linear_beta)
     beta, linear_beta = _resolve_betas(beta, linear_beta)
     return _triton_module().situ_glu_triton(gate, up, beta, linear_beta)

@@ -1,4 +1,4 @@
-"""AttnRes depth read: softmax attention over residual sources, per token (K3 spec section 7).
+"""AttnRes depth read: softmax attention over residual sources, per token (docs/k3.md §7).
 
 For a sublayer with pseudo-query ``w`` and key-norm gain ``gamma``, and sources ``u_0 .. u_{S-1}``
 (completed blocks oldest first, current partial sum last):
@@ -13,14 +13,13 @@ All of it in fp32 (fp64 for fp64 inputs); ``h`` is cast back to the sources' dty
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import torch
 
-__all__ = ["attnres_read", "attnres_read_reference"]
+from components.ops.backend import check_choice, resolve
 
-_BACKENDS = ("torch", "fla", "auto")
+__all__ = ["attnres_read", "attnres_read_reference"]
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -93,15 +92,6 @@ def _read_torch(
     return mixed.to(dtype), weights
 
 
-@functools.cache
-def _fla_importable() -> bool:
-    try:
-        import fla.ops.attnres.fused  # noqa: F401  (pulls in triton)
-    except Exception:  # ImportError, or triton failing to initialise on this platform
-        return False
-    return True
-
-
 def _aligned(u: torch.Tensor) -> torch.Tensor:
     # the fused kernel gathers each source through a raw pointer that must be 16-byte aligned;
     # slices of a stacked tensor are not when (numel per source * itemsize) % 16 != 0
@@ -153,8 +143,6 @@ def attnres_read(
     Returns:
         mixed ``[..., d]`` in the sources' dtype, and the weights if ``return_weights``.
     """
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     stacked, srcs, first = _split_sources(sources)
     d = first.shape[-1]
     query = _as_vector(query, d, "query")
@@ -162,19 +150,13 @@ def attnres_read(
 
     # the fused kernel addresses each token row as 16-byte aligned
     rows_aligned = (d * first.element_size()) % 16 == 0
-    if backend == "auto":
-        backend = "fla" if first.is_cuda and rows_aligned and _fla_importable() else "torch"
-    if backend == "fla":
-        if not first.is_cuda:
-            raise ValueError(
-                f"attnres_read(backend='fla'): the fla AttnRes kernel is a Triton kernel and needs CUDA "
-                f"tensors, but the sources are on {first.device}; use backend='torch' or 'auto'"
-            )
-        if not rows_aligned:
-            raise ValueError(
-                f"attnres_read(backend='fla'): the fla AttnRes kernel needs d * itemsize to be a multiple of "
-                f"16 bytes, got d={d} in {first.dtype}; use backend='torch' or 'auto'"
-            )
+    check_choice("attnres", backend)
+    if backend == "fla" and not rows_aligned:
+        raise ValueError(
+            f"attnres_read(backend='fla'): the fla AttnRes kernel needs d * itemsize to be a multiple of "
+            f"16 bytes, got d={d} in {first.dtype}; use backend='torch' or 'auto'"
+        )
+    if resolve("attnres", backend, first.device, applies=rows_aligned) == "fla":
         return _read_fla(stacked, srcs, query, norm_weight, eps, return_weights)
 
     mixed, weights = _read_torch(stacked, srcs, query, norm_weight, eps, first.dtype)

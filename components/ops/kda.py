@@ -1,4 +1,4 @@
-"""Kimi Delta Attention (KDA) core ops in pure PyTorch (K3 spec section 2).
+"""Kimi Delta Attention (KDA) core ops in pure PyTorch (docs/k3.md §2).
 
 Per head, with state ``S`` of shape ``[K, V]`` (key channels first), per-channel log-decay
 ``g_t <= 0`` and write strength ``beta_t``:
@@ -9,7 +9,7 @@ Per head, with state ``S`` of shape ``[K, V]`` (key channels first), per-channel
     o_t = S^T (scale * q_t)
 
 ``recurrent_kda`` runs this token by token (the reference); ``chunk_kda`` is the chunked WY/UT
-form (spec 2.5) with a hand-written backward, for training-length sequences on CPU. Both follow the contract of fla's naive
+form (docs/k3.md §2.5) with a hand-written backward, for training-length sequences on CPU. Both follow the contract of fla's naive
 references: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]`` (HV a multiple of H); g ``[B, T, HV, K]``
 already gated; beta ``[B, T, HV]`` post-sigmoid; states ``[B, HV, K, V]``; q/k are not
 L2-normalised here. Math runs in fp32 (fp64 for fp64 inputs); ``o`` comes back in v's dtype.
@@ -88,7 +88,7 @@ def recurrent_kda(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-by-token KDA recurrence (spec 2.4): the slow, obviously-correct reference.
+    """Token-by-token KDA recurrence (docs/k3.md §2.4): the slow, obviously-correct reference.
 
     Differentiable through plain autograd. Returns ``(o [B, T, HV, V], S [B, HV, K, V] or None)``.
     """
@@ -125,7 +125,7 @@ def recurrent_kda(
 # ----------------------------------------------------------------------------------------------
 #
 # Per chunk of C tokens, with G the inclusive in-chunk cumsum of g and S the state entering the
-# chunk (spec 2.5; the scale is applied to the output, as o is linear in q):
+# chunk (docs/k3.md §2.5; the scale is applied to the output, as o is linear in q):
 #   A  = [q_r . (exp(G_r - G_c) * k_c)]_{c <= r}              query-key products   [C, C]
 #   L  = [beta_r k_r . (exp(G_r - G_c) * k_c)]_{c < r}        key-key products     [C, C]
 #   Tm = (I + L)^-1                                            UT transform
@@ -515,7 +515,7 @@ def chunk_kda(
     output_final_state: bool = False,
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunked KDA (WY / UT form, spec 2.5); same contract and result as ``recurrent_kda``.
+    """Chunked KDA (WY / UT form, docs/k3.md §2.5); same contract and result as ``recurrent_kda``.
 
     ``chunk_size`` (a power of two >= 16) is the largest state hand-off granularity. Chunks are
     halved while some chunk's total log-decay exceeds 80 (fp32), i.e. never for gates whose

@@ -1,6 +1,6 @@
 """Muon (Moonlight version) with an AdamW fallback in one optimizer, and per-head / per-expert updates.
 
-Muon, for a hidden weight matrix W [A, B] with gradient G (spec section 8.1):
+Muon, for a hidden weight matrix W [A, B] with gradient G (docs/k3.md §8.1):
 
     M <- mu M + (1 - mu) G                       momentum (EMA form, as torch.optim.Muon)
     U <- (1 - mu) G + mu M  (Nesterov)  or  M
@@ -13,7 +13,7 @@ update, so one learning rate and weight decay serve both halves of the optimizer
 Some parameters hold several independent matrices. A module says so through ``muon_layouts()``, which
 maps its parameter names to a :class:`MatrixLayout`:
 
-* attention projections split into head blocks (Per-Head Muon, spec 8.2): each head's block is
+* attention projections split into head blocks (Per-Head Muon, docs/k3.md §8.2): each head's block is
   orthogonalised on its own, with the scale computed on the block shape, so a head with small gradients
   still gets an O(1) update instead of being starved by the others;
 * stacked expert weights ``[E, a, b]`` are E matrices, each orthogonalised on its own.
@@ -27,10 +27,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import astuple, dataclass
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from components.nn.matrix_layout import MatrixLayout
+from components.optim.base import OptimizerConfig
+from components.optim.param_groups import adamw_param_groups, muon_partition
+from components.registry import OPTIMIZERS, ConfigError
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
@@ -58,51 +63,6 @@ def newton_schulz(update: Tensor, steps: int = 5, coefficients: tuple[float, flo
     if tall:
         x = x.mT
     return x.reshape(*lead, *x.shape[-2:])
-
-
-@dataclass(frozen=True)
-class MatrixLayout:
-    """How a parameter splits into the matrices Muon orthogonalises independently.
-
-    heads: number of equal blocks along ``axis`` (0: rows = output features, 1: columns = input
-    features of an ``nn.Linear`` weight); 1 means the whole matrix.
-    stacked: the leading dimension indexes independent matrices (``[E, a, b]`` expert weights).
-    """
-
-    heads: int = 1
-    axis: int = 0
-    stacked: bool = False
-
-    def to_blocks(self, t: Tensor) -> Tensor:
-        """``[rows, cols]`` or ``[E, rows, cols]`` -> ``[N, a, b]`` independent matrices."""
-        if not self.stacked:
-            t = t.unsqueeze(0)
-        E, rows, cols = t.shape
-        h = self.heads
-        if h == 1:
-            return t
-        if self.axis == 0:
-            return t.reshape(E * h, rows // h, cols)
-        return t.reshape(E, rows, h, cols // h).permute(0, 2, 1, 3).reshape(E * h, rows, cols // h)
-
-    def from_blocks(self, blocks: Tensor, shape: torch.Size) -> Tensor:
-        h = self.heads
-        E = shape[0] if self.stacked else 1
-        rows, cols = shape[-2], shape[-1]
-        if h == 1 or self.axis == 0:
-            return blocks.reshape(shape)
-        return blocks.reshape(E, h, rows, cols // h).permute(0, 2, 1, 3).reshape(shape)
-
-    def block_shape(self, shape: torch.Size) -> tuple[int, int]:
-        rows, cols = shape[-2], shape[-1]
-        return (rows // self.heads, cols) if self.axis == 0 else (rows, cols // self.heads)
-
-    def check(self, name: str, shape: torch.Size) -> None:
-        want = 3 if self.stacked else 2
-        if len(shape) != want:
-            raise ValueError(f"{name}: layout {self} needs a {want}-D parameter, got shape {tuple(shape)}")
-        if self.axis not in (0, 1) or shape[-2 + self.axis] % self.heads:
-            raise ValueError(f"{name}: {self.heads} head blocks do not divide axis {self.axis} of shape {tuple(shape)}")
 
 
 def orthogonalized_update(update: Tensor, layout: MatrixLayout, ns_steps: int = 5) -> tuple[Tensor, float]:
@@ -195,3 +155,31 @@ class Muon(torch.optim.Optimizer):
             v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
             denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
             p.addcdiv_(m, denom, value=-lr / (1 - beta1**t))
+
+
+@dataclass
+class MuonConfig(OptimizerConfig):
+    name: str = "muon"
+    momentum: float = 0.95
+    nesterov: bool = True
+    # Newton-Schulz iterations per update
+    ns_steps: int = 5
+    # orthogonalise each attention head's block of the head-indexed projections separately (K3's
+    # Per-Head Muon, docs/k3.md §8.2); False: every matrix whole
+    per_head: bool = False
+
+    def validate(self, model: Any, key: str) -> None:
+        super().validate(model, key)
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"{key}.momentum", f"must be in [0, 1), got {self.momentum}")
+        if not 1 <= self.ns_steps < 100:
+            raise ConfigError(f"{key}.ns_steps", f"must be in [1, 99], got {self.ns_steps}")
+
+
+@OPTIMIZERS.register("muon", MuonConfig, "Muon (Moonlight, RMS-matched to AdamW) on hidden matrices, per head optionally; AdamW on the rest.")
+def build_muon(cfg: MuonConfig, model: nn.Module) -> Muon:
+    muon, adamw = muon_partition(model, cfg.per_head)
+    groups = adamw_param_groups(adamw, cfg.weight_decay)
+    if muon:
+        groups.insert(0, {"params": [p for _, p, _ in muon], "layouts": [layout for _, _, layout in muon], "use_muon": True, "weight_decay": cfg.weight_decay})
+    return Muon(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, betas=tuple(cfg.betas), eps=cfg.eps)

@@ -1,4 +1,4 @@
-"""Attention Residuals (K3 spec section 7): each sublayer reads a softmax mix of earlier depth sources.
+"""Attention Residuals (docs/k3.md §7): each sublayer reads a softmax mix of earlier depth sources.
 
 Instead of the running sum ``x + f(norm(x))``, the input of sublayer ``s`` is ``R(sources; w_s, gamma_s)``
 (``components.ops.attnres.attnres_read``): per token, RMS-normalised sources are scored against a
@@ -6,12 +6,12 @@ learned pseudo-query ``w_s`` (folded with the key-norm gain ``gamma_s``), softma
 and the RAW sources are mixed with those weights. A final read with its own query aggregates depth before
 the output norm. Zero-initialised queries make every read the uniform mean of its sources.
 
-``full_attnres`` (spec 7.1): the sources of sublayer ``s`` are ``[embedding, out_0, ..., out_{s-1}]``;
+``full_attnres`` (docs/k3.md §7.1): the sources of sublayer ``s`` are ``[embedding, out_0, ..., out_{s-1}]``;
 the final read sees all ``2 * n_layers + 1``. Memory: the state keeps every sublayer output, so it grows
 by one ``[B, T, d]`` tensor per sublayer (``2L + 1`` tensors at the end, O(L * B * T * d)), and the reads
 cost O(L^2) in total.
 
-``block_attnres`` (spec 7.2 / 7.3, K3's exact wiring): sublayers are grouped into blocks of B sublayers
+``block_attnres`` (docs/k3.md §7.2 / 7.3, K3's exact wiring): sublayers are grouped into blocks of B sublayers
 (``block_size`` decoder layers = 2 * block_size sublayers, or ``block_size`` sublayers with
 ``block_unit=sublayers``). Inside a block plain summation builds a partial sum; a completed block is kept
 as one summary. A read attends over ``[embedding, block summaries..., partial]``. At a block start
@@ -53,24 +53,31 @@ from torch.utils.checkpoint import checkpoint
 
 from components.nn.rmsnorm import RMSNorm
 from components.ops.attnres import attnres_read
+from components.config import ComponentConfig
+from components.ops.backend import allowed_backends
 from components.registry import RESIDUALS, ConfigError
-
-BACKENDS = ("torch", "fla", "auto")
+from components.residual.base import ResidualScheme
 
 ReadKey = Union[int, str]  # sublayer index, or "final"
 
 
-def _validate_common(cfg: Any, root: Any, key: str) -> None:
-    if cfg.backend not in BACKENDS:
-        raise ConfigError(f"{key}.backend", f"must be one of {', '.join(BACKENDS)}, got '{cfg.backend}'")
-    if cfg.backend == "fla" and root.trainer.accelerator == "cpu":
-        raise ConfigError(f"{key}.backend", "'fla' is a CUDA (Triton) kernel and this run is on CPU; use 'torch' or 'auto'")
-    if not cfg.eps > 0:
-        raise ConfigError(f"{key}.eps", f"must be positive, got {cfg.eps}")
+class _AttnResConfigBase(ComponentConfig):
+    backend: str
+    eps: float
+
+    def kernel_backends(self) -> dict[str, str]:
+        return {"backend": self.backend}
+
+    def validate(self, model: Any, key: str) -> None:
+        allowed = allowed_backends("attnres")
+        if self.backend not in allowed:
+            raise ConfigError(f"{key}.backend", f"must be one of {', '.join(allowed)}, got '{self.backend}'")
+        if not self.eps > 0:
+            raise ConfigError(f"{key}.eps", f"must be positive, got {self.eps}")
 
 
 @dataclass
-class FullAttnResConfig:
+class FullAttnResConfig(_AttnResConfigBase):
     name: str = "full_attnres"
     # torch | fla (fused Triton kernel, CUDA only) | auto (fla where it applies)
     backend: str = "torch"
@@ -79,30 +86,28 @@ class FullAttnResConfig:
     # training: recompute each read and its pre-norm in backward instead of saving the mixed input
     recompute: bool = True
 
-    def validate(self, root: Any, key: str) -> None:
-        _validate_common(self, root, key)
-
 
 BLOCK_UNITS = ("layers", "sublayers")
 
 
 @dataclass
-class BlockAttnResConfig:
+class BlockAttnResConfig(_AttnResConfigBase):
     name: str = "block_attnres"
-    # block length, counted in block_unit; K3: 12 layers. Longer than the model means one block.
-    block_size: int = 12
+    # block length, counted in block_unit (K3: 12 layers; 2 suits the small CPU models). Longer than
+    # the model means one block.
+    block_size: int = 2
     # layers (a decoder layer = its attention and FFN sublayers) or sublayers; 1 sublayer = full AttnRes
     block_unit: str = "layers"
     backend: str = "torch"
     eps: float = 1e-5
     recompute: bool = True
 
-    def validate(self, root: Any, key: str) -> None:
+    def validate(self, model: Any, key: str) -> None:
         if self.block_size < 1:
             raise ConfigError(f"{key}.block_size", f"must be >= 1 ({self.block_unit} per block), got {self.block_size}")
         if self.block_unit not in BLOCK_UNITS:
             raise ConfigError(f"{key}.block_unit", f"must be one of {', '.join(BLOCK_UNITS)}, got '{self.block_unit}'")
-        _validate_common(self, root, key)
+        super().validate(model, key)
 
     def sublayers_per_block(self) -> int:
         return self.block_size * (2 if self.block_unit == "layers" else 1)
@@ -115,14 +120,11 @@ def sublayer_label(s: ReadKey) -> str:
     return f"L{s // 2}.{'attn' if s % 2 == 0 else 'mlp'}"
 
 
-class _AttnResBase(nn.Module):
+class _AttnResBase(ResidualScheme):
     """Parameters, the read, and depth-weight recording shared by the two schemes."""
 
     def __init__(self, cfg: Any, d_model: int, n_layers: int, norm_eps: float = 1e-5):
-        super().__init__()
-        self.cfg = cfg
-        self.d_model = d_model
-        self.n_layers = n_layers
+        super().__init__(cfg, d_model, n_layers)
         self.eps = cfg.eps
         self.backend = cfg.backend
 
@@ -139,7 +141,6 @@ class _AttnResBase(nn.Module):
         self.output_attn_res_norm = RMSNorm(d_model, self.eps)
         self._mark_no_weight_decay()
 
-        self.record_weights = False
         self._weight_sums: dict[ReadKey, torch.Tensor] = {}
         self._weight_counts: dict[ReadKey, int] = {}
 

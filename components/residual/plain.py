@@ -3,26 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
+from components.config import ComponentConfig
 from components.registry import RESIDUALS
+from components.residual.base import ResidualScheme
 
 
 @dataclass
-class PlainResidualConfig:
+class PlainResidualConfig(ComponentConfig):
     name: str = "plain"
 
 
 @RESIDUALS.register("plain", PlainResidualConfig)
-class PlainResidual(nn.Module):
+class PlainResidual(ResidualScheme):
     """Pre-norm residual: every sublayer adds its output to one running sum."""
 
     def __init__(self, cfg: PlainResidualConfig, d_model: int, n_layers: int, norm_eps: float = 1e-5):
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg, d_model, n_layers)
 
     def start(self, x0: torch.Tensor) -> torch.Tensor:
         return x0
@@ -35,6 +36,3 @@ class PlainResidual(nn.Module):
 
     def finish(self, state: torch.Tensor, norm: Optional[nn.Module] = None) -> torch.Tensor:
         return state if norm is None else norm(state)
-
-    def sources_per_read(self) -> Any:
-        return None

@@ -18,7 +18,7 @@ import pytest
 
 from analysis import wandb_source
 from analysis.compare import compare
-from tests.conftest import run_train
+from tests.helpers import run_train
 from tests.training.test_train import FAST, only_run_dir
 
 

@@ -9,9 +9,7 @@ import sys
 import pytest
 
 from analysis.model_report import main, report
-from components.model import Decoder
-from tests.conftest import REPO
-from tests.helpers import compose_root
+from tests.helpers import REPO, build_model
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +45,7 @@ def test_k3_seed_figures(k3):
 
 def test_small_config_report_matches_the_built_model():
     r = report(["model=tiny", "ffn=moe", "ffn.num_experts=8", "ffn.top_k=2"])
-    model = Decoder(compose_root("model=tiny", "ffn=moe", "ffn.num_experts=8", "ffn.top_k=2"))
+    model = build_model("model=tiny", "ffn=moe", "ffn.num_experts=8", "ffn.top_k=2")
     buffers = sum(layer.ffn.gate.e_score_correction_bias.numel() for layer in model.layers)
     assert r["total_params"] == model.num_params() + buffers
     unchosen = sum((8 - 2) * layer.ffn.experts.expert_params() for layer in model.layers)

@@ -1,4 +1,4 @@
-"""Auxiliary balancing loss (spec 6.2): normalisation, gradient only through P, sequence-wise form."""
+"""Auxiliary balancing loss (docs/k3.md §6.2): normalisation, gradient only through P, sequence-wise form."""
 
 import pytest
 import torch

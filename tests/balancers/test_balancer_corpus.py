@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from components.training.jsonl_logger import read_metrics
-from tests.conftest import run_train
+from runtime.jsonl_logger import read_metrics
+from tests.helpers import run_train
 
 STEPS = 200
 COMMON = [

@@ -1,4 +1,4 @@
-"""Quantile Balancing (spec 6.4-6.6, 10.10 item 11): exact counts, sharding, histogram accuracy, causality."""
+"""Quantile Balancing (docs/k3.md §6.4-6.6, 10.10 item 11): exact counts, sharding, histogram accuracy, causality."""
 
 import warnings
 

@@ -1,4 +1,4 @@
-"""Loss-free SignSGD bias update (spec 6.3) and the shared MaxVio / all-reduce plumbing (spec 6.1)."""
+"""Loss-free SignSGD bias update (docs/k3.md §6.3) and the shared MaxVio / all-reduce plumbing (docs/k3.md §6.1)."""
 
 import pytest
 import torch

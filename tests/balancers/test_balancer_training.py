@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components.config import validate
+from runtime.config import validate
 from components.ffn.router import Router
-from components.launch import compose, strip_hydra
+from runtime.launch import compose, strip_hydra
 from components.model import Decoder
 from components.registry import BALANCERS
 
@@ -14,7 +14,7 @@ from components.registry import BALANCERS
 def _train(ffn, balancer, steps=3, micro_batches=2, extra=()):
     root = validate(strip_hydra(compose(["model=tiny", f"ffn={ffn}", f"balancer={balancer}", *extra])))
     torch.manual_seed(0)
-    model = Decoder(root).train()
+    model = Decoder(root.decoder_config()).train()
     bal = BALANCERS.build(root.balancer)
     if hasattr(bal, "attach"):
         bal.attach(model)

@@ -1,11 +1,11 @@
-"""MoE FFNs: K3 parameter names/shapes/counts (spec 1.3, 4.2, 4.3), Stable LatentMoE scale invariance (10.10 item 9)."""
+"""MoE FFNs: K3 parameter names/shapes/counts (docs/k3.md §1.3, 4.2, 4.3), Stable LatentMoE scale invariance (10.10 item 9)."""
 
 import pytest
 import torch
 
-from components.config import validate
+from runtime.config import validate
 from components.ffn.moe import LatentMoEConfig, MoEFFNConfig, StableLatentMoEConfig
-from components.launch import compose, strip_hydra
+from runtime.launch import compose, strip_hydra
 from components.registry import FFNS, ConfigError
 
 VARIANTS = [MoEFFNConfig, LatentMoEConfig, StableLatentMoEConfig]
@@ -108,7 +108,7 @@ def test_active_params_and_decoder_accounting():
     root = validate(strip_hydra(compose(["model=tiny", "ffn=stable_latent_moe", "balancer=none"])))
     from components.model import Decoder
 
-    model = Decoder(root)
+    model = Decoder(root.decoder_config())
     ffn = model.layers[0].ffn
     cfg = root.ffn
     d, dl, m = 64, 32, cfg.expert_hidden_dim

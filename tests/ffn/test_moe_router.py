@@ -1,4 +1,4 @@
-"""Router (spec 4.1, 10.10 item 7): selection-only bias, weights from unbiased scores, ROUTE-S0, statistics."""
+"""Router (docs/k3.md §4.1, 10.10 item 7): selection-only bias, weights from unbiased scores, ROUTE-S0, statistics."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""MHA / GQA / MQA against a plain per-head transcription of softmax attention with RoPE (spec 3.1)."""
+"""MHA / GQA / MQA against a plain per-head transcription of softmax attention with RoPE (docs/k3.md §3.1)."""
 
 from __future__ import annotations
 

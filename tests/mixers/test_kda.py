@@ -1,5 +1,5 @@
 """KDA mixer: K3 parameter names/shapes/count, gate forms, equality with a plain transcription of the
-layer equations (spec 2.2), chunked vs recurrent paths, and cached decoding."""
+layer equations (docs/k3.md §2.2), chunked vs recurrent paths, and cached decoding."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_k3_parameter_names_shapes_and_count():
         m = KimiDeltaAttention(KDAConfig(n_heads=96, head_dim=128, conv_size=4, gate_lower_bound=-5.0, full_rank_gate=True), 7168)
     shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
     assert shapes == K3_SHAPES
-    assert sum(p.numel() for p in m.parameters()) == 443_740_384  # spec 1.3
+    assert sum(p.numel() for p in m.parameters()) == 443_740_384  # docs/k3.md §1.3
     assert m.A_log.dtype == m.dt_bias.dtype == torch.float32
 
 

@@ -1,4 +1,4 @@
-"""MLA mixer (K3 spec 3.2-3.5, 10.10 item 5-6): K3 shapes, expanded == absorbed, latent-only cache,
+"""MLA mixer (docs/k3.md §3.2-3.5, 10.10 item 5-6): K3 shapes, expanded == absorbed, latent-only cache,
 causality, U^V folding (ungated) vs the gate, an independent loop reference, and the model-level path."""
 
 import math
@@ -30,7 +30,7 @@ def _x(B=2, T=9, seed=1, dtype=torch.float64):
 
 
 # ------------------------------------------------------------------------------------------------
-# Independent reference: spec 3.2 steps 1-6 written per head with explicit sums
+# Independent reference: docs/k3.md §3.2 steps 1-6 written per head with explicit sums
 # ------------------------------------------------------------------------------------------------
 def _k3_rmsnorm(x, gain, eps):
     # K3: statistics in (at least) fp32, cast back, then the gain
@@ -128,7 +128,7 @@ def test_k3_parameter_names_shapes_and_count():
     assert sum(p.numel() for p in m.parameters()) == 232_196_096
     assert m.q_a_layernorm.eps == m.kv_a_layernorm.eps == 1e-6
     assert m.scale == pytest.approx(1 / math.sqrt(192)) and m.scale == pytest.approx(0.0721688, abs=1e-7)
-    # spec 3.3 cost table and 3.5 cache
+    # docs/k3.md §3.3 cost table and 3.5 cache
     assert m.cache_numbers_per_token() == 576
     assert m.prefill_macs_per_key() == 30_720
     assert m.decode_macs_per_key() == 104_448
@@ -264,7 +264,7 @@ def test_cache_holds_only_latent_and_shared_key():
 
 
 # ------------------------------------------------------------------------------------------------
-# Folding U^V into o_proj: exact without the gate, impossible with it (spec 3.3, 10.10 item 6)
+# Folding U^V into o_proj: exact without the gate, impossible with it (docs/k3.md §3.3, 10.10 item 6)
 # ------------------------------------------------------------------------------------------------
 def _folded_wo(m):
     """``W_o U^V`` per head: ``[d, H, kv_lora]``."""
@@ -310,14 +310,14 @@ def test_gradients_reach_every_parameter():
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides", [[], ["mixer.rope=true", "mixer.n_heads=3", "mixer.q_lora_rank=null"]], ids=["default", "rope-3heads-noqlora"])
 def test_model_prefill_decode(overrides):
-    from components.config import validate
-    from components.launch import compose, strip_hydra
+    from runtime.config import validate
+    from runtime.launch import compose, strip_hydra
     from components.model import Decoder
 
     root = validate(strip_hydra(compose(["model=tiny", "mixer=mla", *overrides])))
     assert isinstance(root.mixer, MLAConfig)
     torch.manual_seed(0)
-    m = Decoder(root).double().eval()
+    m = Decoder(root.decoder_config()).double().eval()
     assert all(isinstance(layer.mixer, MLA) for layer in m.layers)
     B, T = 2, 8
     ids = torch.randint(0, root.model.vocab_size, (B, T), generator=torch.Generator().manual_seed(0))
@@ -332,8 +332,8 @@ def test_model_prefill_decode(overrides):
 
 
 def test_model_config_rejects_odd_rope_dim():
-    from components.config import validate
-    from components.launch import compose, strip_hydra
+    from runtime.config import validate
+    from runtime.launch import compose, strip_hydra
 
     with pytest.raises(ConfigError) as err:
         validate(strip_hydra(compose(["model=tiny", "mixer=mla", "mixer.rope=true", "mixer.qk_rope_head_dim=15"])))

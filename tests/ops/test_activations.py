@@ -1,4 +1,4 @@
-"""GLU-family activations: closed-form oracles (spec §10.1 SITU-1/2), bounds and
+"""GLU-family activations: closed-form oracles (docs/k3.md §10.1 SITU-1/2), bounds and
 small-input behaviour (§10.10 item 8), fp32 computation for low-precision
 inputs, and the fused Triton SiTU-GLU kernel against the PyTorch reference.
 
@@ -173,9 +173,11 @@ def test_reference_gradcheck_fp64():
 
 
 def test_cpu_tensors_use_reference_by_default():
-    from components.ops import activations
+    from components.ops import activations, backend
 
-    assert not activations._triton_eligible(torch.randn(3), torch.randn(3))
+    assert backend.resolve("situ_glu", "auto", torch.device("cpu"), applies=lambda: True) == "torch"
+    a, b = torch.randn(7), torch.randn(7)
+    assert torch.equal(activations.situ_glu(a, b), activations.situ_glu_reference(a, b))
 
 
 # ---------------------------------------------------------------- Triton kernel (interpreter, subprocess)
@@ -245,12 +247,12 @@ def _triton_checks() -> dict[str, list[str]]:
     x = (torch.randn(6, 2, 2 * 300) * 10).requires_grad_()
     x_ref = x.detach().clone().requires_grad_()
     dz = torch.randn(6, 2, 300)
-    situ_glu(*x.chunk(2, dim=-1), use_triton=True).backward(dz)
+    situ_glu(*x.chunk(2, dim=-1), backend="triton").backward(dz)
     situ_glu_reference(*x_ref.chunk(2, dim=-1)).backward(dz)
     errs += [e for e in [_compare("chunked grad", x.grad, x_ref.grad, "float32")] if e]
     # dispatch with beta None -> 1.0 and a grad_z in another dtype than the inputs
     g = torch.randn(500).bfloat16().requires_grad_()
-    z = situ_glu(g, g.detach() * 3, beta=None, use_triton=True)
+    z = situ_glu(g, g.detach() * 3, beta=None, backend="triton")
     g_ref = g.detach().clone().requires_grad_()
     z_ref = situ_glu_reference(g_ref, g_ref.detach() * 3, beta=1.0)
     errs += [e for e in [_compare("beta None", z, z_ref, "bfloat16")] if e]
@@ -361,11 +363,11 @@ def test_imports_and_falls_back_without_triton():
         "a = torch.tensor([2.0]); b = torch.tensor([3.0])\n"
         "assert abs(A.situ_glu(a, b).item() - 4.861) < 1e-3\n"
         "try:\n"
-        "    A.situ_glu(a, b, use_triton=True)\n"
+        "    A.situ_glu(a, b, backend='triton')\n"
         "except RuntimeError as e:\n"
         "    assert 'triton' in str(e)\n"
         "else:\n"
-        "    raise AssertionError('use_triton=True without triton did not raise')\n"
+        "    raise AssertionError('backend=triton without triton did not raise')\n"
         "print('ok')\n"
     )
     proc = _run_python(["-c", code], {})

@@ -1,4 +1,4 @@
-"""AttnRes read (K3 spec 7.1 / 7.3 / 10.10 item 10): closed-form cases, loop reference, fla parity, grads."""
+"""AttnRes read (docs/k3.md §7.1 / 7.3 / 10.10 item 10): closed-form cases, loop reference, fla parity, grads."""
 
 import warnings
 
@@ -211,7 +211,7 @@ def test_backward_keeps_no_upcast_copy_of_sources():
 
 def test_fla_backend_on_cpu_raises_clear_error():
     u, q, gain = _inputs(3, (2,))
-    with pytest.raises(ValueError, match="needs CUDA"):
+    with pytest.raises(RuntimeError, match="needs CUDA"):
         attnres_read(u, q, gain, backend="fla")
 
 

@@ -1,4 +1,4 @@
-"""KDA core ops (K3 spec section 2): chunked form vs token recurrence vs fla's naive references,
+"""KDA core ops (docs/k3.md §2): chunked form vs token recurrence vs fla's naive references,
 the decay gates and the q/k L2 norm."""
 
 import warnings

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from components.model import Decoder
-from components.optim.build import build_optimizer, muon_partition
-from components.optim.muon import NS_COEFFICIENTS, MatrixLayout, Muon, newton_schulz
+from components.nn.matrix_layout import MatrixLayout
+from components.optim.muon import NS_COEFFICIENTS, Muon, newton_schulz
+from components.optim.param_groups import muon_partition
+from components.registry import OPTIMIZERS
 from tests.helpers import compose_root, group_options
 
 LR, WD, MU = 0.02, 0.1, 0.95
@@ -125,7 +127,7 @@ def test_adamw_half_matches_torch_adamw():
 def test_partition_follows_moonlight():
     root = compose_root("model=tiny", "mixer=kda", "ffn=moe", "+mixer@mixers.global=mla", "+model.mixer_plan.at={-1:global}",
                         "model.tie_embeddings=false")
-    model = Decoder(root)
+    model = Decoder(root.decoder_config())
     muon, adamw = muon_partition(model, per_head=True)
     muon_names = {n: layout for n, _, layout in muon}
     adamw_names = {n for n, _ in adamw}
@@ -151,8 +153,8 @@ FFNS = group_options("ffn")
 def test_muon_trains_every_mixer_and_ffn(mixer, ffn):
     torch.manual_seed(0)
     root = compose_root("model=tiny", f"mixer={mixer}", f"ffn={ffn}", "optimizer=muon", "optimizer.per_head=true", "optimizer.lr=1e-2")
-    model = Decoder(root)
-    opt = build_optimizer(model, root.optimizer)
+    model = Decoder(root.decoder_config())
+    opt = OPTIMIZERS.build(root.optimizer, model)
     ids = torch.randint(0, 256, (2, 33))
     losses = []
     for _ in range(6):

@@ -1,4 +1,4 @@
-"""AttnRes residual schemes (K3 spec 7.1-7.3, 10.10 item 10): wiring, source counts, memory, decoder, diagnostics."""
+"""AttnRes residual schemes (docs/k3.md §7.1-7.3, 10.10 item 10): wiring, source counts, memory, decoder, diagnostics."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from components.model import Decoder
 from components.ops.attnres import attnres_read_reference
 from components.registry import ConfigError
 from components.residual.attnres import BlockAttnRes, BlockAttnResConfig, FullAttnRes, FullAttnResConfig
-from components.training.callbacks.depth_weights import DepthWeights
-from components.optim.build import adamw_param_groups, unique_trainable
-from tests.helpers import compose_root
+from runtime.callbacks.depth_weights import DepthWeights
+from components.optim.param_groups import adamw_param_groups, unique_trainable
+from tests import helpers
+from tests.helpers import build_model, compose_root
 
 EPS = 1e-5
 TIGHT = dict(rtol=1e-12, atol=1e-12)
@@ -226,10 +227,10 @@ def test_large_aligned_query_returns_that_raw_source(kind):
         torch.testing.assert_close(scheme.read(state, 1), src, rtol=0, atol=1e-12)
 
 
-# ---------------------------------------------------------------- source counts (spec 7.3, 10.1 SRC)
+# ---------------------------------------------------------------- source counts (docs/k3.md §7.3, 10.1 SRC)
 
 def k3_expected_counts(n_layers=93, block_size=12):
-    """Counts read off the spec 7.3 loop: blocks + [p], with layer 0's attention seeing p alone."""
+    """Counts read off the docs/k3.md §7.3 loop: blocks + [p], with layer 0's attention seeing p alone."""
     counts, n_blocks = [], 0
     for l in range(n_layers):
         counts.append((2 * l, n_blocks + 1))
@@ -275,7 +276,7 @@ def test_full_source_counts_grow_by_one_per_sublayer():
     assert scheme.sources_per_read() == [(s, s + 1) for s in range(8)] + [("final", 9)]
 
 
-# ---------------------------------------------------------------- memory (spec 7.2)
+# ---------------------------------------------------------------- memory (docs/k3.md §7.2)
 
 @pytest.mark.parametrize("n_layers,block_size", [(9, 2), (9, 4), (6, 1), (4, 10)])
 def test_block_state_holds_block_summaries_and_partial_only(n_layers, block_size):
@@ -319,19 +320,14 @@ RESIDUALS = [("full_attnres",), ("block_attnres", "residual.block_size=2"), ("bl
 
 
 def tiny_model(*overrides, seed=0):
-    torch.manual_seed(seed)
-    model = Decoder(compose_root("model=tiny", "model.n_layers=4", *overrides)).double().eval()
-    with torch.no_grad():  # non-zero queries and non-unit gains, so the wiring matters
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(0.2 * torch.randn_like(p))
-    return model
+    # non-zero queries and non-unit gains, so the wiring matters
+    return helpers.tiny_model("model.n_layers=4", *overrides, seed=seed, gain_noise=0.2)
 
 
 @pytest.mark.parametrize("overrides", RESIDUALS, ids=lambda o: "-".join(x.split("=")[-1] for x in o))
 def test_decoder_gradients_reach_every_pseudo_query(overrides):
     torch.manual_seed(0)
-    model = Decoder(compose_root("model=tiny", "model.n_layers=4", *(f"residual={overrides[0]}", *overrides[1:])))
+    model = build_model("model=tiny", "model.n_layers=4", *(f"residual={overrides[0]}", *overrides[1:]))
     queries = model.residual._queries()
     assert all(float(q.detach().abs().max()) == 0.0 for q in queries)  # zero init, not touched by the decoder
     ids = torch.randint(0, model.vocab_size, (2, 12))
@@ -367,7 +363,7 @@ def test_decoder_causal_and_prefill_decode_equals_full_pass(overrides):
 def test_decoder_runs_under_bf16_autocast(residual):
     """bf16 sublayer outputs join an fp32 embedding stream (the CPU trainer's bf16-mixed precision)."""
     torch.manual_seed(0)
-    model = Decoder(compose_root("model=tiny", "model.n_layers=3", f"residual={residual}"))
+    model = build_model("model=tiny", "model.n_layers=3", f"residual={residual}")
     ids = torch.randint(0, model.vocab_size, (2, 8))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(ids)
@@ -377,7 +373,7 @@ def test_decoder_runs_under_bf16_autocast(residual):
 
 
 def test_pseudo_queries_are_excluded_from_weight_decay():
-    model = Decoder(compose_root("model=tiny", "residual=block_attnres"))
+    model = build_model("model=tiny", "residual=block_attnres")
     for m in (model, copy.deepcopy(model), copy.deepcopy(model).double()):
         decay_ids = {id(p) for p in adamw_param_groups(unique_trainable(m), 0.1)[0]["params"]}
         for q in m.residual._queries():
@@ -403,7 +399,7 @@ def test_invalid_config_names_the_key(overrides, key):
 
 def test_block_size_beyond_depth_is_one_block():
     root = compose_root("model=tiny", "residual=block_attnres", "residual.block_size=64")
-    scheme = Decoder(root).residual
+    scheme = Decoder(root.decoder_config()).residual
     assert scheme.n_blocks == 1
     assert scheme.sources_per_read()[-1] == ("final", 2)  # embedding + one partial
 
@@ -458,7 +454,7 @@ def test_callback_logs_and_appends_json_and_the_plot_reads_it(tmp_path):
     from analysis.depth_weights import main as plot_main
 
     torch.manual_seed(0)
-    model = Decoder(compose_root("model=tiny", "model.n_layers=3", "residual=block_attnres"))
+    model = build_model("model=tiny", "model.n_layers=3", "residual=block_attnres")
     module = types.SimpleNamespace(model=model, device=torch.device("cpu"))
     module.modules = model.modules
     cb = DepthWeights()
@@ -489,7 +485,7 @@ def test_callback_logs_and_appends_json_and_the_plot_reads_it(tmp_path):
 
 
 def test_callback_does_nothing_for_plain_residual(tmp_path):
-    model = Decoder(compose_root("model=tiny"))
+    model = build_model("model=tiny")
     module = types.SimpleNamespace(model=model, device=torch.device("cpu"), modules=model.modules)
     trainer, logged = _fake_trainer(tmp_path)
     cb = DepthWeights()
@@ -503,7 +499,7 @@ def test_recomputed_reads_give_the_same_gradients(residual):
     grads = {}
     for recompute in (True, False):
         torch.manual_seed(0)
-        model = Decoder(compose_root("model=tiny", "model.n_layers=3", *residual, f"residual.recompute={str(recompute).lower()}")).double()
+        model = build_model("model=tiny", "model.n_layers=3", *residual, f"residual.recompute={str(recompute).lower()}").double()
         with torch.no_grad():
             for q in model.residual._queries():
                 q.normal_(std=0.5)

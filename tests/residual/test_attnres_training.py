@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from analysis.depth_weights import main as plot_main
-from components.training.jsonl_logger import read_metrics
-from tests.conftest import run_train
+from runtime.jsonl_logger import read_metrics
+from tests.helpers import run_train
 
 DATA = {
     "corpus": ["data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048"],

@@ -23,7 +23,7 @@ def _token_losses(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def _rank(rank: int, port: int, shares: list[torch.Tensor], weight: torch.Tensor, out: mp.Queue) -> None:
     import torch.distributed as dist
 
-    from components.training.data_parallel_loss import global_token_mean
+    from runtime.data_parallel_loss import global_token_mean
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from components.training.jsonl_logger import read_metrics
-from tests.conftest import REPO
+from runtime.jsonl_logger import read_metrics
+from tests.helpers import REPO
 
 BASE = [
     "model=tiny", "trainer.enable_progress_bar=false",

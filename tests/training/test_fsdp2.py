@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, run_train
+from tests.helpers import REPO, kill_after_microbatch, run_train
 from tests.training.test_train import FAST, _losses, only_run_dir
 
 FSDP2 = [*FAST, "trainer=fsdp2", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true", "trainer.max_steps=6",
@@ -22,8 +22,8 @@ def test_fsdp2_trains_resumes_from_its_sharded_checkpoint_and_refuses_a_truncate
     straight = subprocess.Popen([sys.executable, str(REPO / "train.py"), *FSDP2, f"output_root={tmp_path / 'a'}"], cwd=REPO, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # killed during the 5th step: the newest checkpoint holds step 3
-    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *FSDP2, f"output_root={tmp_path / 'b'}"], cwd=REPO,
-                            env={**env, "K3_KILL_AFTER_MICROBATCH": "4"}, capture_output=True, text=True, timeout=600)
+    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *FSDP2, f"output_root={tmp_path / 'b'}", kill_after_microbatch(4)], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     _, err = straight.communicate(timeout=600)
     assert straight.returncode == 0, err[-3000:]

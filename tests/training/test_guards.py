@@ -10,9 +10,9 @@ import re
 import pytest
 import torch
 
-from components.training.checkpoint_io import load_checkpoint_file
-from components.training.jsonl_logger import read_metrics
-from tests.conftest import run_train
+from runtime.checkpoint_io import load_checkpoint_file
+from runtime.jsonl_logger import read_metrics
+from tests.helpers import kill_after_microbatch, run_train
 from tests.training.test_train import FAST, only_run_dir
 
 EXPLODING = [*FAST, "trainer.max_steps=30", "optimizer.lr=1e6", "optimizer.warmup_steps=0", "trainer.checkpoint_every_n_steps=1",
@@ -65,7 +65,7 @@ def test_unreachable_wandb_server_falls_back_to_offline(tmp_path):
 def test_wandb_logging_failure_mid_run_switches_wandb_off(monkeypatch, capsys):
     from lightning.pytorch.loggers import WandbLogger
 
-    from components.training.safe_wandb import SafeWandbLogger
+    from runtime.safe_wandb import SafeWandbLogger
 
     calls = []
 
@@ -89,11 +89,11 @@ def test_resume_continues_the_same_wandb_run(tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     common = [*FAST, "trainer.max_steps=4", "trainer.checkpoint_every_n_steps=2", "trainer.val_check_interval=100", "logger=wandb", f"output_root={tmp_path}"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
-    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *common], cwd=REPO, env={**env, "K3_KILL_AFTER_MICROBATCH": "2"},
+    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *common, kill_after_microbatch(2)], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from components.training import memory_check
-from tests.conftest import run_train
+from runtime import memory_check
+from tests.helpers import run_train
 from tests.helpers import compose_root
 
 
@@ -29,3 +29,147 @@ def test_floor_counts_parameters_and_respects_the_switch(monkeypatch):
     memory_check.check_fits(compose_root("model=tiny", "trainer.memory_check=false"))
     monkeypatch.setattr(memory_check, "_mem_available_bytes", lambda: need)
     memory_check.check_fits(root)
+
+
+# -- which device the check reads, and how (issue 20) ----------------------------------------------------
+import types  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+GiB = 2**30
+LAUNCH_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_LOCALID", "SLURM_PROCID", "SLURM_NTASKS")
+
+
+class FakeCuda:
+    """Stands in for ``torch.cuda``'s device functions: ``count`` visible GPUs of ``total`` bytes each, and
+    a record of every call with the device index it touches (None for calls that touch no device).
+    A call that omits its device acts on the current device, which is index 0 until set_device."""
+
+    def __init__(self, monkeypatch, count: int = 2, total: int = 80 * GiB, available: bool = True):
+        self.count, self.total, self.available = count, total, available
+        self.calls: list[tuple[str, object]] = []
+        self.current = 0
+        m = monkeypatch
+        m.setattr(torch.cuda, "is_available", lambda: self._rec("is_available", None) or self.available)
+        m.setattr(torch.cuda, "device_count", lambda: self._rec("device_count", None) or (self.count if self.available else 0))
+        m.setattr(torch.cuda, "get_device_properties", self.get_device_properties)
+        m.setattr(torch.cuda, "get_device_capability", lambda device=None: self._rec("get_device_capability", self._index(device)) or (9, 0))
+        m.setattr(torch.cuda, "get_device_name", lambda device=None: self._rec("get_device_name", self._index(device)) or "Fake GPU")
+        m.setattr(torch.cuda, "mem_get_info", lambda device=None: self._rec("mem_get_info", self._index(device)) or (self.total, self.total))
+        m.setattr(torch.cuda, "set_device", lambda device: self._set_device(device))
+        m.setattr(torch.cuda, "current_device", lambda: self._rec("current_device", self.current) or self.current)
+        for name in ("init", "synchronize", "empty_cache", "memory_allocated", "memory_reserved", "max_memory_allocated", "cudart"):
+            m.setattr(torch.cuda, name, lambda *a, _n=name, **k: self._rec(_n, self._index(a[0] if a else k.get("device"))))
+
+    def _index(self, device) -> int:
+        if device is None:
+            return self.current
+        if isinstance(device, torch.device):
+            return self.current if device.index is None else device.index
+        if isinstance(device, str):
+            return int(device.split(":")[1]) if ":" in device else self.current
+        return int(device)
+
+    def _rec(self, name, index):
+        self.calls.append((name, index))
+        return None
+
+    def _set_device(self, device):
+        self.current = self._index(device)
+        self._rec("set_device", self.current)
+
+    def get_device_properties(self, device=None):
+        index = self._index(device)
+        self._rec("get_device_properties", index)
+        assert 0 <= index < self.count, f"invalid device index {index}"
+        return types.SimpleNamespace(total_memory=self.total, name="Fake GPU", major=9, minor=0)
+
+    def touched(self) -> set:
+        return {i for _, i in self.calls if i is not None}
+
+    def names(self) -> set:
+        return {n for n, _ in self.calls}
+
+
+def _as_rank(monkeypatch, rank: int, world: int = 2, **extra: str) -> None:
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    if rank is not None:
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+    for k, v in extra.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.mark.parametrize("accelerator", ["gpu", "auto"])
+def test_each_of_two_ranks_reads_only_its_own_gpu_without_a_context(monkeypatch, accelerator):
+    root = compose_root("model=tiny", f"trainer.accelerator={accelerator}", "trainer.devices=2", "trainer.strategy=ddp")
+    for rank in (0, 1):  # the check as each rank of a 2-GPU launch runs it
+        cuda = FakeCuda(monkeypatch, count=2)
+        _as_rank(monkeypatch, rank)
+        memory_check.check_fits(root)  # 80 GiB GPUs: fits
+        assert cuda.touched() == {rank}, f"rank {rank} touched devices {cuda.touched()}: {cuda.calls}"
+        assert ("get_device_properties", rank) in cuda.calls
+        # mem_get_info creates a context on the device it asks (the old 0.3-0.5 GiB per rank on GPU 0);
+        # nothing binds or queries a current device either (that would default to GPU 0)
+        assert not cuda.names() & {"mem_get_info", "set_device", "current_device", "cudart", "init"}, cuda.calls
+
+
+def test_rank_one_never_touches_gpu_zero_whichever_launcher(monkeypatch):
+    root = compose_root("model=tiny", "trainer.accelerator=cuda", "trainer.devices=2", "trainer.strategy=ddp")
+    for env in ({"LOCAL_RANK": "1"}, {"SLURM_LOCALID": "1"}):  # torchrun / Lightning-spawned; srun
+        cuda = FakeCuda(monkeypatch, count=2)
+        _as_rank(monkeypatch, None, **env)
+        assert memory_check.available_bytes(root)[0] == 80 * GiB
+        assert 0 not in cuda.touched() and cuda.touched() == {1}, cuda.calls
+        assert "mem_get_info" not in cuda.names()
+
+
+def test_device_index_follows_lightning_device_lists_and_per_task_binding(monkeypatch):
+    _as_rank(monkeypatch, 1)
+    assert memory_check.local_device_index([2, 3], visible=4) == 3  # Lightning: rank r uses devices[r]
+    assert memory_check.local_device_index(2, visible=2) == 1
+    assert memory_check.local_device_index("auto", visible=2) == 1
+    _as_rank(monkeypatch, None, SLURM_LOCALID="1")
+    assert memory_check.local_device_index(2, visible=1) == 0  # srun --gpus-per-task: each task sees its GPU as 0
+    _as_rank(monkeypatch, None)
+    assert memory_check.local_device_index(2, visible=2) == 0  # one process / the launching rank
+
+
+def test_auto_with_a_gpu_compares_against_gpu_memory(monkeypatch):
+    root = compose_root("model=tiny", "trainer.accelerator=auto")
+    need, _ = memory_check.training_floor_bytes(root)
+    monkeypatch.setattr(memory_check, "_mem_available_bytes", lambda: 1024 * GiB)  # host RAM would fit it
+    _as_rank(monkeypatch, None)
+    FakeCuda(monkeypatch, count=1, total=need - 1)  # a GPU just too small
+    with pytest.raises(memory_check.ConfigError) as err:
+        memory_check.check_fits(root)
+    assert err.value.key == "model" and "on one GPU" in str(err.value)
+    # a faked 1 GiB GPU against a model that needs more: refused although host RAM fits it
+    monkeypatch.setattr(memory_check, "training_floor_bytes", lambda root: (2 * GiB, 2 * GiB // 16))
+    FakeCuda(monkeypatch, count=1, total=1 * GiB)
+    with pytest.raises(memory_check.ConfigError, match=r"more than the 1.0 GiB on one GPU \(1.0 GiB each\)"):
+        memory_check.check_fits(root)
+    memory_check.check_fits(compose_root("model=tiny", "trainer.accelerator=auto", "trainer.memory_check=false"))
+
+
+def test_auto_without_a_gpu_and_cpu_runs_use_host_ram_and_no_cuda(monkeypatch):
+    _as_rank(monkeypatch, None)
+    monkeypatch.setattr(memory_check, "_mem_available_bytes", lambda: 7 * GiB)
+    cuda = FakeCuda(monkeypatch, available=False)
+    assert memory_check.available_bytes(compose_root("model=tiny", "trainer.accelerator=auto")) == (7 * GiB, "of memory available on this machine")
+    assert cuda.names() <= {"is_available"}
+    cuda = FakeCuda(monkeypatch, count=2)  # a GPU is there, but the run is on the CPU: CUDA is not touched
+    assert memory_check.available_bytes(compose_root("model=tiny", "trainer.accelerator=cpu"))[0] == 7 * GiB
+    assert cuda.calls == []
+
+
+def test_fully_sharded_gpu_run_counts_every_device(monkeypatch):
+    root = compose_root("model=tiny", "trainer.accelerator=gpu", "trainer.devices=2", "trainer.num_nodes=2", "trainer.strategy=fsdp2")
+    _as_rank(monkeypatch, 1)
+    cuda = FakeCuda(monkeypatch, count=2, total=10 * GiB)
+    available, where = memory_check.available_bytes(root)
+    assert available == 40 * GiB and "4 sharded GPUs" in where
+    assert cuda.touched() == {1}

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import torch
 
-from components.training import rng_state
+from runtime import rng_state
 
 
 def _draw() -> tuple:

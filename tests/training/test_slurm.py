@@ -12,9 +12,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from components.launch import compose, resolve_run_dir
+from runtime.launch import compose, resolve_run_dir
 from components.registry import ConfigError
-from components.training.launch_env import ExternalLaunch, agreed_run_dir, detect_external_launch
+from runtime.launch_env import ExternalLaunch, agreed_run_dir, detect_external_launch
 from tests.helpers import compose_root
 
 # task 9 of `srun` over 2 nodes x 8 tasks: the second task on the second node
@@ -50,7 +50,7 @@ def test_lightning_takes_ranks_from_slurm_and_spawns_nothing(slurm_task, tmp_pat
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
     from lightning_utilities.core.rank_zero import rank_zero_only
 
-    from components.training.run import build_trainer
+    from runtime.run import build_trainer
 
     monkeypatch.setattr(rank_zero_only, "rank", 0)  # building a rank-9 trainer sets it process-wide
     root = compose_root("trainer=slurm", "trainer.accelerator=cpu", f"output_root={tmp_path}", "logger=csv")

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from components.sweep_job import read_index
-from components.training.jsonl_logger import read_metrics
-from tests.conftest import run_train
+from runtime.sweep_job import read_index
+from runtime.jsonl_logger import read_metrics
+from tests.helpers import run_train
 from tests.training.test_train import FAST
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from components.training.jsonl_logger import read_metrics
-from tests.conftest import REPO, run_train
+from runtime.jsonl_logger import read_metrics
+from tests.helpers import REPO, kill_after_microbatch, run_train
 
 FAST = [
     "model=tiny", "data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048",
@@ -113,8 +113,8 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, model, accumul
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     straight = subprocess.Popen([sys.executable, str(REPO / "train.py"), *common, f"output_root={tmp_path / 'a'}"], cwd=REPO, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *common, f"output_root={tmp_path / 'b'}"], cwd=REPO,
-                            env={**env, "K3_KILL_AFTER_MICROBATCH": str(kill_after)}, capture_output=True, text=True, timeout=600)
+    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *common, f"output_root={tmp_path / 'b'}", kill_after_microbatch(kill_after)], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     _, err = straight.communicate(timeout=600)
     assert straight.returncode == 0, err[-3000:]

@@ -1,4 +1,4 @@
-"""Fused SiTU-GLU forward/backward Triton kernel (spec §5).
+"""Fused SiTU-GLU forward/backward Triton kernel (docs/k3.md §5).
 
 z = [beta * tanh(a / beta) * sigmoid(a)] * [linear_beta * tanh(b / linear_beta)],
 a = gate, b = up, computed in fp32 registers and stored in the input dtype.

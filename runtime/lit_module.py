@@ -1,7 +1,7 @@
 """LightningModule: next-token loss, optimizer with warmup + decay, validation metrics, and the guards
 that keep a distributed run meaning the same as a one-process run.
 
-* Loss normalisation (components/training/data_parallel_loss.py): the gradient DDP/FSDP average is the
+* Loss normalisation (runtime/data_parallel_loss.py): the gradient DDP/FSDP average is the
   gradient of the global token-mean loss, and the logged ``train/loss`` is that mean, as on one process.
 * Non-finite guard (``trainer.on_nonfinite``): a NaN/inf loss or gradient norm stops the run naming the
   step, before the update and before any checkpoint of that step, or skips the update.
@@ -10,7 +10,6 @@ that keep a distributed run meaning the same as a one-process run.
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from typing import Any, Optional
@@ -20,27 +19,24 @@ from lightning.pytorch.utilities import rank_zero_warn
 import torch
 import torch.nn.functional as F
 
-from components.balancers.load_stats import bias_rank_divergence, find_routers, world_size
-from components.config import RootConfig
+from components.balancers.load_stats import bias_rank_divergence, find_routers
 from components.data.base import IGNORE_INDEX, TokenDataset
+from components.distributed import world_size
 from components.model import Decoder
-from components.optim.build import build_optimizer
-from components.registry import BALANCERS
-from components.training.data_parallel_loss import global_token_mean
+from components.optim.schedule import lr_lambda
+from components.registry import BALANCERS, OPTIMIZERS
+from runtime.config import RootConfig
+from runtime.data_parallel_loss import global_token_mean
 
 
-def compile_unfriendly(model: torch.nn.Module) -> list[str]:
-    """Modules that declare ``compile_friendly = False``: eager code with data-dependent control flow or
-    host-side statistics (KDA's chunked kernel, routers' balancing statistics), where graph breaks make
-    torch.compile recompile per layer and cost more than it saves."""
-    return sorted({type(m).__name__ for m in model.modules() if getattr(m, "compile_friendly", True) is False})
-
-
-def should_compile(trainer_cfg: Any, model: Optional[torch.nn.Module] = None) -> bool:
+def should_compile(trainer_cfg: Any, model: Optional[Decoder] = None) -> bool:
+    """``trainer.compile``; ``auto`` compiles unless a component declares ``compile_friendly = False``
+    (eager code with data-dependent control flow or host-side statistics -- KDA's chunked kernel, MoE
+    routers' balancing statistics -- where graph breaks make torch.compile recompile per layer)."""
     choice = str(trainer_cfg.compile).lower()
     if choice != "auto":
         return choice == "true"
-    if model is not None and compile_unfriendly(model):
+    if model is not None and model.compile_unfriendly():
         return False
     if trainer_cfg.accelerator in ("gpu", "cuda"):
         return True
@@ -58,22 +54,6 @@ class TimeBudget:
         if not self.seconds or self.started is None:
             return 0.0
         return (time.perf_counter() - self.started) / self.seconds
-
-
-def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float, time_fraction: float = 0.0) -> float:
-    """Multiplier of the peak learning rate at ``step``: linear warmup, then the chosen decay.
-
-    The decay follows whichever is further along, steps or the time budget, so a run capped by
-    ``trainer.max_time_minutes`` still ends fully decayed on a slower machine.
-    """
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, max((step - warmup) / max(1, total - warmup), time_fraction))
-    if schedule == "linear":
-        return 1.0 - (1.0 - min_ratio) * progress
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -95,7 +75,7 @@ class LanguageModelModule(L.LightningModule):
         super().__init__()
         self.cfg = cfg
         self.dataset = dataset
-        self.model = Decoder(cfg)
+        self.model = Decoder(cfg.decoder_config())
         self.balancer = BALANCERS.build(cfg.balancer)
         self.balancer.attach(self.model)
         self._set_hidden()
@@ -222,13 +202,13 @@ class LanguageModelModule(L.LightningModule):
 
     # -- checkpoints ----------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from components.training import rng_state
+        from runtime import rng_state
 
         checkpoint["rng_states"] = rng_state.gather_all_ranks()  # collective: runs on every rank
         checkpoint["nonfinite_skipped_steps"] = [self.skipped_steps, self.skipped_in_a_row]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from components.training import rng_state
+        from runtime import rng_state
 
         states = checkpoint.get("rng_states")
         if states and not rng_state.restore_for_rank(states, self.global_rank):
@@ -261,7 +241,7 @@ class LanguageModelModule(L.LightningModule):
     # -- optimisation ---------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         o = self.cfg.optimizer
-        optimizer = build_optimizer(self.model, o)
+        optimizer = OPTIMIZERS.build(o, self.model, key="optimizer")
         total = self.cfg.trainer.max_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,

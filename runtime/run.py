@@ -19,12 +19,12 @@ import re
 import time
 from typing import Any, Optional
 
-import torch
 
-from components.config import RootConfig, to_container
+from runtime.config import RootConfig, to_container
 from components.layer_plan import describe_plan
 from components.registry import DATASETS
-from components.training.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
+from runtime import handoff
+from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
 
 
 def _read_json(path: str) -> dict:
@@ -77,12 +77,26 @@ def resolve_resume(ckpt_path: Optional[str], run_dir: str, log: Any = print) -> 
     raise CorruptCheckpointError(f"no readable checkpoint in {run_dir}/checkpoints (all {len(candidates)} refused)")
 
 
+def extra_callbacks(root: RootConfig) -> list:
+    """The callbacks ``root.callbacks`` names (``_target_`` class paths), in key order."""
+    import lightning as L
+    from hydra.utils import instantiate
+
+    out = []
+    for name in sorted(root.callbacks):
+        callback = instantiate(root.callbacks[name])
+        if not isinstance(callback, L.Callback):
+            raise TypeError(f"callbacks.{name}: {type(callback).__name__} is not a Lightning Callback")
+        out.append(callback)
+    return out
+
+
 def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list) -> Any:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from components.training.checkpoint_io import AtomicCheckpointIO
-    from components.training.strategies import build_strategy
+    from runtime.checkpoint_io import AtomicCheckpointIO
+    from runtime.strategies import build_strategy
 
     t = root.trainer
     strategy = build_strategy(t)
@@ -131,26 +145,18 @@ def train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]
     """
     os.makedirs(run_dir, exist_ok=True)
     # processes Lightning starts for the other ranks re-run train.py: they must write here too
-    pinned_before = os.environ.get("K3_RUN_DIR")
-    os.environ["K3_RUN_DIR"] = run_dir
-    try:
+    with handoff.pin_run_dir(run_dir):
         return _train(root, run_dir, extra_config)
-    finally:  # later runs started from this process choose their own folders
-        if pinned_before is None:
-            os.environ.pop("K3_RUN_DIR", None)
-        else:
-            os.environ["K3_RUN_DIR"] = pinned_before
 
 
 def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]) -> dict[str, Any]:
     import lightning as L
 
-    from components.training.callbacks.depth_weights import DepthWeights
-    from components.training.callbacks.fault_injection import FaultInjection
-    from components.training.callbacks.throughput import Throughput
-    from components.training.datamodule import TokenDataModule
-    from components.training.lit_module import LanguageModelModule
-    from components.training.loggers import build_loggers, default_run_name
+    from runtime.callbacks.depth_weights import DepthWeights
+    from runtime.callbacks.throughput import Throughput
+    from runtime.datamodule import TokenDataModule
+    from runtime.lit_module import LanguageModelModule
+    from runtime.loggers import build_loggers, default_run_name
 
     L.seed_everything(root.seed, workers=True, verbose=False)
     ckpt = resolve_resume(root.ckpt_path, run_dir)
@@ -167,10 +173,7 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     resume_id = run_info.get("wandb_id") if ckpt is not None else None
     config_dict = {**to_container(root), **(extra_config or {})}
     loggers, wandb_logger = build_loggers(root, run_dir, run_name, config_dict, resume_id)
-    callbacks = [throughput, DepthWeights(run_dir)]
-    fault = FaultInjection.from_env()
-    if fault is not None:
-        callbacks.append(fault)
+    callbacks = [throughput, DepthWeights(run_dir), *extra_callbacks(root)]
     trainer = build_trainer(root, run_dir, callbacks, loggers)
 
     if trainer.is_global_zero:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from components.balancers.load_stats import all_reduce_sum_, world_size
+from components.distributed import all_reduce_sum_, world_size
 
 
 def global_token_mean(loss_sum: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -22,9 +21,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from components.registry import FAMILIES, ConfigError, unknown_choice_message
-from components.sweep_job import VARIED_ENV, split_override
-from components.training.launch_env import agreed_run_dir
-from components.training.memory_check import check_fits
+from runtime import handoff
+from runtime.sweep_job import split_override
+from runtime.launch_env import agreed_run_dir
+from runtime.memory_check import check_fits
 
 # flags that only print information: no pre-validation, Hydra handles them
 INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc", "--version"}
@@ -76,7 +76,7 @@ def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from components import register_all
+    from runtime import register_all
 
     register_all()
     GlobalHydra.instance().clear()
@@ -100,7 +100,7 @@ def strip_hydra(cfg: DictConfig) -> DictConfig:
 
 def validate_overrides(overrides: list[str]) -> Any:
     """Compose and validate one job; returns the typed RootConfig."""
-    from components.config import validate
+    from runtime.config import validate
 
     return validate(strip_hydra(compose(overrides)))
 
@@ -175,10 +175,11 @@ def varied_keys(jobs: list[list[str]]) -> list[str]:
 # Run folder
 # ------------------------------------------------------------------------------------------------
 def config_fingerprint(root: Any) -> str:
-    from components.config import to_container
+    from runtime.config import to_container
 
     data = to_container(root)
     data.pop("ckpt_path", None)
+    data.pop("callbacks", None)  # extra callbacks observe or interrupt a run; they do not make it another run
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:6]
 
 
@@ -188,7 +189,7 @@ def _has_checkpoint(folder: Path) -> bool:
 
 def resolve_run_dir(root: Any) -> Path:
     """Where a single run writes. Fresh runs never reuse a folder that holds results."""
-    from components.training.loggers import default_run_name
+    from runtime.loggers import default_run_name
 
     base = Path(root.output_root) / (root.name or f"{default_run_name(root)}-{config_fingerprint(root)}")
     # the run's folders so far: base, base-2, base-3, ... (consecutive)
@@ -231,12 +232,13 @@ def run(task: Callable[[DictConfig], Any], argv: Optional[list[str]] = None) -> 
                     check_fits(validate_overrides(job))
                 varied = varied_keys(jobs)
                 varied += [k for k in swept_keys(overrides) if k not in varied]  # searched (Optuna) keys too
-                os.environ[VARIED_ENV] = json.dumps(varied)
+                handoff.publish_varied_keys(varied)
             else:
                 root = validate_overrides(overrides)
                 check_fits(root)
-                if os.environ.get("K3_RUN_DIR"):
-                    run_dir = Path(os.environ["K3_RUN_DIR"])  # pinned for every rank (run.py sets it for the ranks Lightning spawns)
+                pinned = handoff.pinned_run_dir()
+                if pinned:
+                    run_dir = Path(pinned)  # pinned for every rank (run.py pins it for the ranks Lightning spawns)
                 else:  # one process, or every rank of a torchrun / srun launch: rank 0's choice
                     run_dir = agreed_run_dir(root.output_root, lambda: resolve_run_dir(root))
                 argv.append(f"hydra.run.dir={run_dir}")
@@ -244,9 +246,9 @@ def run(task: Callable[[DictConfig], Any], argv: Optional[list[str]] = None) -> 
             print(f"error: {err}", file=sys.stderr)
             sys.exit(EXIT_CONFIG_ERROR)
 
-    from components import register_all
+    from runtime import register_all
 
     register_all()
-    sys.argv = [sys.argv[0], *argv]
+    handoff.set_script_args(argv)
     main = hydra.main(config_path=conf_dir(), config_name="config", version_base=None)(task)
     return main()

@@ -19,13 +19,15 @@ from typing import Any, Optional
 import lightning as L
 import torch
 
+from components.residual.base import ResidualScheme
+
 FILENAME = "depth_weights.json"
 
 
-def find_scheme(module: torch.nn.Module) -> Optional[torch.nn.Module]:
-    """The first submodule that records depth weights (the decoder's residual scheme), or None."""
+def find_scheme(module: torch.nn.Module) -> Optional[ResidualScheme]:
+    """The first residual scheme among the submodules (the decoder's), or None."""
     for sub in module.modules():
-        if callable(getattr(sub, "depth_weights", None)) and hasattr(sub, "record_weights"):
+        if isinstance(sub, ResidualScheme):
             return sub
     return None
 

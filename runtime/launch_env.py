@@ -9,7 +9,7 @@ inside a SLURM allocation; SLURM only when Lightning would treat the tasks as ra
 that agree on a folder are exactly those Lightning joins into one run.
 
 Processes that Lightning itself spawns for ``trainer.devices=N`` are not external launches: they get
-the folder from their parent (``K3_RUN_DIR``), which ``components/launch.py`` checks first.
+the folder from their parent (``runtime.handoff.pinned_run_dir``), which ``runtime/launch.py`` checks first.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A job's place in a Hydra multirun: its W&B group and tags, and the sweep folder's run index.
 
 Every job of ``python train.py -m ...`` is its own run (``sweeps.run`` launches one multirun per study
-point into one sweep folder, naming the point in ``K3_SWEEP_POINT``). Jobs of one sweep share a W&B group (the sweep
+point into one sweep folder, naming the point through ``runtime.handoff``). Jobs of one sweep share a W&B group (the sweep
 folder's name, unless ``logger.group`` is set) and carry the options the sweep varies as ``key=value``
 tags, so W&B's group-by and parallel-coordinates views work as launched; the varied values are config
 fields already. ``<sweep dir>/index.jsonl`` gets one line per finished or failed job: job number, run
@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-VARIED_ENV = "K3_SWEEP_VARIED"  # set by components.launch for multiruns: JSON list of varied keys
-POINT_ENV = "K3_SWEEP_POINT"  # set by sweeps.run: the study point this multirun belongs to
+from runtime import handoff
+
 INDEX_FILE = "index.jsonl"
 
 
@@ -62,9 +62,9 @@ def current_job() -> Optional[SweepJob]:
         return None
     overrides = list(hc.overrides.task)
     values = dict(split_override(o) for o in overrides)
-    varied_keys = json.loads(os.environ.get(VARIED_ENV, "[]"))
-    varied = {"point": os.environ[POINT_ENV]} if os.environ.get(POINT_ENV) else {}
-    varied.update({k: values[k] for k in varied_keys if k in values})
+    point = handoff.sweep_point()
+    varied = {"point": point} if point else {}
+    varied.update({k: values[k] for k in handoff.varied_keys() if k in values})
     return SweepJob(hc.sweep.dir, int(hc.job.num), overrides, varied)
 
 

@@ -1,13 +1,13 @@
-"""Optimizer construction from ``cfg.optimizer``: which parameter goes where, with which weight decay.
+"""Which parameter goes to which optimizer, with which weight decay.
 
 AdamW: every parameter; decoupled weight decay on matrices (2-D and up) except those a module marks
 ``_no_weight_decay`` (KDA's decay parameters, AttnRes queries); never on norm gains or biases.
 
-Muon (Moonlight partition, spec 8.1): hidden matrices -- every 2-D weight with both sides > 1, and the
-stacked matrices a module declares in ``muon_layouts()`` (expert weights) -- go to Muon; the token
-embedding, the output head and everything else (norm gains, biases, KDA's A_log / dt_bias, depthwise
-conv kernels [P, 1, W], single-vector "matrices") go to AdamW, under the same learning rate and decay.
-With ``per_head=true`` attention projections are orthogonalised per head block (spec 8.2).
+Muon (Moonlight partition, docs/k3.md §8.1): hidden matrices -- every 2-D weight with both sides > 1,
+and the stacked matrices a module declares in ``muon_layouts()`` (expert weights) -- go to Muon; the
+token embedding, the output head and everything else (norm gains, biases, KDA's A_log / dt_bias,
+depthwise conv kernels [P, 1, W], single-vector "matrices") go to AdamW, under the same learning rate
+and decay. With ``per_head`` the head blocks modules declare are orthogonalised separately (§8.2).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from components.optim.muon import MatrixLayout, Muon
+from components.nn.matrix_layout import HasMatrixLayouts, MatrixLayout
 
 
 def _decays(p: torch.Tensor) -> bool:
@@ -44,17 +44,16 @@ def declared_layouts(model: nn.Module) -> dict[str, MatrixLayout]:
     """Full parameter name -> layout, from every module's ``muon_layouts()``."""
     out: dict[str, MatrixLayout] = {}
     for prefix, module in model.named_modules():
-        declare = getattr(module, "muon_layouts", None)
-        if declare is None:
+        if not isinstance(module, HasMatrixLayouts):
             continue
-        for local, layout in declare().items():
+        for local, layout in module.muon_layouts().items():
             out[f"{prefix}.{local}" if prefix else local] = layout
     return out
 
 
 def muon_partition(model: nn.Module, per_head: bool) -> tuple[list[tuple[str, nn.Parameter, MatrixLayout]], list[tuple[str, nn.Parameter]]]:
     """(Muon parameters with their layouts, AdamW parameters)."""
-    outside = {id(m.weight) for m in (getattr(model, "embed", None), getattr(model, "lm_head", None)) if m is not None}
+    outside = {id(model.embed.weight), id(model.lm_head.weight)}
     layouts = declared_layouts(model)
     muon, adamw = [], []
     for name, p in unique_trainable(model):
@@ -69,16 +68,3 @@ def muon_partition(model: nn.Module, per_head: bool) -> tuple[list[tuple[str, nn
             layout.check(name, p.shape)
             muon.append((name, p, layout))
     return muon, adamw
-
-
-def build_optimizer(model: nn.Module, o: Any) -> torch.optim.Optimizer:
-    """``o`` is an OptimizerConfig (components/config.py)."""
-    if o.name == "adamw":
-        return torch.optim.AdamW(adamw_param_groups(unique_trainable(model), o.weight_decay), lr=o.lr, betas=tuple(o.betas), eps=o.eps)
-    if o.name == "muon":
-        muon, adamw = muon_partition(model, o.per_head)
-        groups = adamw_param_groups(adamw, o.weight_decay)
-        if muon:
-            groups.insert(0, {"params": [p for _, p, _ in muon], "layouts": [layout for _, _, layout in muon], "use_muon": True, "weight_decay": o.weight_decay})
-        return Muon(groups, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum, nesterov=o.nesterov, ns_steps=o.ns_steps, betas=tuple(o.betas), eps=o.eps)
-    raise ValueError(f"optimizer.name: unknown optimizer {o.name!r}")

@@ -6,22 +6,22 @@ import netrc
 import os
 from typing import Any
 
-from components.layer_plan import resolve_plan
+from components.ffn.dense import GLUActivationConfig
 
 
 def component_tags(root: Any) -> list[str]:
     """``mixer:gqa``, ``ffn:dense``, ``act:situ_glu``, ``residual:plain``, ... for every distinct choice."""
-    plan = resolve_plan(root)
+    plan = root.decoder_config().layers
     mixers = sorted({spec.mixer.name for spec in plan})
     ffns = sorted({spec.ffn.name for spec in plan})
-    acts = sorted({spec.ffn.activation for spec in plan if hasattr(spec.ffn, "activation")})
+    acts = sorted({spec.ffn.activation for spec in plan if isinstance(spec.ffn, GLUActivationConfig)})
     tags = [f"mixer:{m}" for m in mixers] + [f"ffn:{f}" for f in ffns] + [f"act:{a}" for a in acts]
     tags += [f"residual:{root.residual.name}", f"balancer:{root.balancer.name}", f"data:{root.data.name}"]
     return tags
 
 
 def default_run_name(root: Any) -> str:
-    plan = resolve_plan(root)
+    plan = root.decoder_config().layers
     mixers = "+".join(sorted({s.mixer.name for s in plan}))
     ffns = "+".join(sorted({s.ffn.name for s in plan}))
     return f"{root.data.name}-{mixers}-{ffns}-{root.residual.name}-d{root.model.d_model}x{root.model.n_layers}"
@@ -60,14 +60,14 @@ def build_loggers(root: Any, run_dir: str, run_name: str, config_dict: dict, res
     the run is recorded offline instead (``wandb sync`` uploads it later), and if logging fails
     mid-run W&B is dropped with a warning while metrics.jsonl keeps everything.
     """
-    from components.training.jsonl_logger import JSONLLogger
+    from runtime.jsonl_logger import JSONLLogger
 
     loggers: list = [JSONLLogger(run_dir, name=run_name)]
     wandb_logger = None
     lc = root.logger
     mode = wandb_mode(lc.mode)
     if lc.name == "wandb" and mode != "disabled":
-        from components.training.safe_wandb import SafeWandbLogger
+        from runtime.safe_wandb import SafeWandbLogger
 
         tags = list(dict.fromkeys(component_tags(root) + list(lc.tags)))
         kwargs = dict(

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
-from components.config import data_parallel_ranks
+from runtime.config import data_parallel_ranks
 
 
 class AtomicShardedStrategy(ModelParallelStrategy):

@@ -1,0 +1,64 @@
+"""The sequence-mixer contract: what the decoder, the optimizer, the reports and the trainer may call.
+
+A mixer maps the pre-normed sublayer input ``x [B, T, d]`` to ``[B, T, d]``, causally: output t
+depends on inputs 0..t only. For incremental decoding it owns the layout of its per-layer cache: the
+decoder asks ``new_cache(batch_size)`` once and passes that object back on every later call, with
+``offset`` the absolute position of the first of the T new tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from components.nn.matrix_layout import HasMatrixLayouts
+
+
+class Mixer(HasMatrixLayouts):
+    """Base class of every registered mixer (``MIXERS.register``).
+
+    Constructor: ``Mixer(cfg, d_model, layer_idx, init_std, out_init_std)``; ``out_init_std`` is the
+    init scale of the projection that writes the residual stream (None: ``init_std``).
+    """
+
+    # False for mixers whose code has data-dependent control flow or host-side statistics, where
+    # graph breaks make torch.compile recompile per layer (trainer.compile=auto then stays eager)
+    compile_friendly: bool = True
+
+    def __init__(self, cfg: Any, d_model: int, layer_idx: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.d_model = d_model
+        self.layer_idx = layer_idx
+
+    def forward(self, x: torch.Tensor, state: Any = None, offset: int = 0) -> torch.Tensor:
+        """``x [B, T, d]`` -> ``[B, T, d]``; ``state`` (from ``new_cache``) is updated in place."""
+        raise NotImplementedError
+
+    def new_cache(self, batch_size: int) -> Any:
+        """An empty per-layer decoding state for ``batch_size`` sequences."""
+        raise NotImplementedError
+
+    # -- accounting (analysis.model_report, throughput MFU) ------------------------------------------
+    def flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs per token that are not products with weight matrices (attention scores, the
+        recurrence), averaged over a causal sequence of ``seq_len`` tokens; 2 FLOPs per multiply-add."""
+        return 0.0
+
+    def cache_numbers_per_token(self) -> int:
+        """Numbers the decoding cache grows by per token (K/V, latents); 0 for fixed-size states."""
+        return 0
+
+    def recurrent_state_numbers(self) -> int:
+        """Numbers of a fixed-size recurrent state held per sequence (KDA's S [H, K, V]); 0 if none."""
+        return 0
+
+    def state_numbers(self) -> int:
+        """All fixed-size numbers held per sequence (recurrent state plus e.g. convolution windows)."""
+        return self.recurrent_state_numbers()
+
+    def decode_macs(self) -> Optional[dict[str, int]]:
+        """Multiply-adds per (query, cached position) pair in training (prefill) order and in decoding
+        order, for mixers whose two orders differ (MLA's absorbed decoding); None otherwise."""
+        return None

@@ -1,0 +1,41 @@
+"""Fields and checks every optimizer config shares: learning rate, AdamW moments, weight decay, schedule.
+
+Optimizers are a registry family (``optimizer=adamw``, ``optimizer=muon``): each member is one module
+with its own config dataclass (subclassing ``OptimizerConfig``) and a factory
+``build(cfg, model) -> torch.optim.Optimizer`` registered with ``OPTIMIZERS``. A field one optimizer
+does not have is an unknown key for it (``optimizer=adamw optimizer.ns_steps=5`` is refused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.config import ComponentConfig
+from components.optim.schedule import SCHEDULES
+from components.registry import ConfigError
+
+
+@dataclass
+class OptimizerConfig(ComponentConfig):
+    lr: float = 3e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    warmup_steps: int = 100
+    # after warmup: cosine or linear decay from lr to lr * min_lr_ratio over the remaining steps, or
+    # constant (components/optim/schedule.py)
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
+
+    def validate(self, model: Any, key: str) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"{key}.lr", f"must be positive, got {self.lr}")
+        if not (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)):
+            raise ConfigError(f"{key}.betas", f"must be two numbers in [0, 1), got {list(self.betas)}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"{key}.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"{key}.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"{key}.schedule", f"'{self.schedule}' is not allowed; choose one of {', '.join(SCHEDULES)}")

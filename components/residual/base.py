@@ -1,0 +1,65 @@
+"""The residual-scheme contract: a module that owns the depth stream.
+
+The decoder never writes ``x + f(x)`` itself. For each layer ``l`` it asks the scheme for the input of
+sublayer ``s`` (``s = 2l`` for the mixer, ``2l + 1`` for the FFN) passed through that sublayer's pre-norm,
+applies the sublayer, and hands the output back:
+
+    state = scheme.start(embedding)
+    x = scheme.read(state, s, norm);  state = scheme.write(state, s, sublayer(x))   # for every s
+    y = scheme.finish(state, final_norm)                                            # the output
+
+``read`` and ``finish`` take the norm (or None for the raw read) so a scheme may fuse it with its read
+(AttnRes recomputes both in backward). ``state`` is whatever the scheme needs (a tensor, a tuple of
+sources); the decoder only passes it along.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+
+class ResidualScheme(nn.Module):
+    """Base class of every registered residual scheme (``RESIDUALS.register``).
+
+    Constructor: ``Scheme(cfg, d_model, n_layers, norm_eps)``.
+    """
+
+    def __init__(self, cfg: Any, d_model: int, n_layers: int):
+        super().__init__()
+        self.cfg = cfg
+        self.d_model = d_model
+        self.n_layers = n_layers
+        # set by the depth-weight callback around validation; schemes without depth weights ignore it
+        self.record_weights = False
+
+    def start(self, x0: torch.Tensor) -> Any:
+        """The stream's state after the embedding ``x0 [B, T, d]``."""
+        raise NotImplementedError
+
+    def read(self, state: Any, sublayer: int, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """The (normed) input of sublayer ``sublayer``: ``[B, T, d]``."""
+        raise NotImplementedError
+
+    def write(self, state: Any, sublayer: int, out: torch.Tensor) -> Any:
+        """The state after sublayer ``sublayer`` produced ``out [B, T, d]``."""
+        raise NotImplementedError
+
+    def finish(self, state: Any, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """The (normed) output of the stack: ``[B, T, d]``."""
+        raise NotImplementedError
+
+    # -- diagnostics and accounting --------------------------------------------------------------
+    def sources_per_read(self) -> Optional[list[tuple[Any, int]]]:
+        """(sublayer index or "final", number of sources) for every read, if the scheme mixes sources
+        (AttnRes); None for a plain running sum."""
+        return None
+
+    def depth_weights(self) -> Optional[dict[str, Any]]:
+        """Mean depth-mixing weights recorded while ``record_weights`` was on; None when there are none."""
+        return None
+
+    def reset_depth_weights(self) -> None:
+        """Forget recorded depth weights."""

@@ -1,1 +1,0 @@
-"""Lightning glue: data module, training module, callbacks, loggers, checkpoint I/O."""
