@@ -125,3 +125,18 @@ def test_conf_tree_has_a_yaml_per_group():
     for group in MODEL_GROUPS + OTHER_GROUPS + ["data"]:
         assert group_options(group), f"conf/{group} is empty"
     assert (CONF / "config.yaml").exists()
+
+
+def test_optimizers_are_a_registry_with_their_own_fields():
+    """Muon-only fields are unknown keys under optimizer=adamw; each optimizer composes its own schema."""
+    from components.optim.adamw import AdamWConfig
+    from components.optim.muon import MuonConfig
+
+    with pytest.raises(ConfigError) as err:
+        compose_root("model=tiny", "optimizer=adamw", "optimizer.ns_steps=5")
+    assert "ns_steps" in str(err.value)
+    assert isinstance(compose_root("model=tiny", "optimizer=adamw").optimizer, AdamWConfig)
+    assert isinstance(compose_root("model=tiny", "optimizer=muon", "optimizer.ns_steps=3").optimizer, MuonConfig)
+    with pytest.raises(ConfigError) as err:
+        compose_root("model=tiny", "optimizer=sgdd")
+    assert err.value.key == "optimizer" and "adamw" in str(err.value)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import types
+
+import pytest
+import torch
+
 from runtime import memory_check
-from tests.helpers import run_train
-from tests.helpers import compose_root
+from tests.helpers import compose_root, run_train
 
 
 def test_k3_full_is_refused_before_any_output(tmp_path):
@@ -32,11 +36,6 @@ def test_floor_counts_parameters_and_respects_the_switch(monkeypatch):
 
 
 # -- which device the check reads, and how (issue 20) ----------------------------------------------------
-import types  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
 GiB = 2**30
 LAUNCH_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_LOCALID", "SLURM_PROCID", "SLURM_NTASKS")
 
@@ -72,8 +71,7 @@ class FakeCuda:
         return int(device)
 
     def _rec(self, name, index):
-        self.calls.append((name, index))
-        return None
+        self.calls.append((name, index))  # returns None, so `self._rec(...) or value` gives value
 
     def _set_device(self, device):
         self.current = self._index(device)
@@ -103,7 +101,8 @@ def _as_rank(monkeypatch, rank: int, world: int = 2, **extra: str) -> None:
         monkeypatch.setenv(k, v)
 
 
-@pytest.mark.parametrize("accelerator", ["gpu", "auto"])
+# ids avoid the word "gpu": conftest skips tests with a "gpu" keyword on machines without CUDA
+@pytest.mark.parametrize("accelerator", ["gpu", "auto"], ids=["accelerator=gpu", "accelerator=auto"])
 def test_each_of_two_ranks_reads_only_its_own_gpu_without_a_context(monkeypatch, accelerator):
     root = compose_root("model=tiny", f"trainer.accelerator={accelerator}", "trainer.devices=2", "trainer.strategy=ddp")
     for rank in (0, 1):  # the check as each rank of a 2-GPU launch runs it
@@ -132,6 +131,10 @@ def test_device_index_follows_lightning_device_lists_and_per_task_binding(monkey
     assert memory_check.local_device_index([2, 3], visible=4) == 3  # Lightning: rank r uses devices[r]
     assert memory_check.local_device_index(2, visible=2) == 1
     assert memory_check.local_device_index("auto", visible=2) == 1
+    root = compose_root("model=tiny", "trainer.accelerator=gpu", "trainer.devices=[2,3]", "trainer.strategy=ddp")
+    cuda = FakeCuda(monkeypatch, count=4)
+    memory_check.check_fits(root)
+    assert cuda.touched() == {3}, cuda.calls
     _as_rank(monkeypatch, None, SLURM_LOCALID="1")
     assert memory_check.local_device_index(2, visible=1) == 0  # srun --gpus-per-task: each task sees its GPU as 0
     _as_rank(monkeypatch, None)
