@@ -1,10 +1,11 @@
 """Component registries: short name -> (module class, config dataclass).
 
 Registering a component makes it selectable from the command line (``mixer=gqa``), gives it a typed
-Hydra schema (so ``mixer.n_kv_heads=two`` is refused), lists it in the README table, and puts it under
-the parametrised registry tests. A new component is one module that calls ``REGISTRY.register`` plus one
-YAML file in ``conf/<group>/``; the package imports every module of a family on first use, so nothing
-else needs editing.
+Hydra schema (so ``mixer.n_kv_heads=two`` is refused), lists it in ``python -m components.catalog``, and
+puts it under the registry-driven tests (``tests/contracts/``). A member's config subclasses
+``components.config.ComponentConfig`` and its class subclasses the family's contract (``base`` below). A
+new component is one module that calls ``REGISTRY.register`` plus one YAML file in ``conf/<group>/``; the
+package imports every module of a family on first use, so nothing else needs editing.
 """
 
 from __future__ import annotations
