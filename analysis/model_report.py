@@ -73,7 +73,7 @@ def param_counts(model: Decoder) -> dict[str, Any]:
             kinds[f"ffn:{name}"] += _count(ffn)
             continue
         routed = _count(experts)
-        router = _count(ffn.router()) if ffn.router() is not None else 0
+        router = _count(ffn.router())  # routed FFNs have both (tests/contracts/test_ffns.py)
         kinds[f"ffn:{name}:routed_experts"] += routed
         kinds[f"ffn:{name}:router"] += router
         kinds[f"ffn:{name}:other"] += _count(ffn) - routed - router

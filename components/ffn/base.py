@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
-from components.nn.matrix_layout import HasMatrixLayouts
+from components.nn.sublayer import Sublayer
 
 
-class FFN(HasMatrixLayouts):
+class FFN(Sublayer):
     """Base class of every registered FFN (``FFNS.register``): ``forward(x [B, T, d]) -> [B, T, d]``.
 
     Constructor: ``FFN(cfg, d_model, layer_idx, init_std, out_init_std)``.
     """
-
-    # False when the FFN's forward has host synchronisations or data-dependent shapes (routed experts)
-    compile_friendly: bool = True
-
-    def __init__(self, cfg: Any, d_model: int, layer_idx: int = 0):
-        super().__init__()
-        self.cfg = cfg
-        self.d_model = d_model
-        self.layer_idx = layer_idx
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

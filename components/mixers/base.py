@@ -12,25 +12,15 @@ from typing import Any, Optional
 
 import torch
 
-from components.nn.matrix_layout import HasMatrixLayouts
+from components.nn.sublayer import Sublayer
 
 
-class Mixer(HasMatrixLayouts):
+class Mixer(Sublayer):
     """Base class of every registered mixer (``MIXERS.register``).
 
     Constructor: ``Mixer(cfg, d_model, layer_idx, init_std, out_init_std)``; ``out_init_std`` is the
     init scale of the projection that writes the residual stream (None: ``init_std``).
     """
-
-    # False for mixers whose code has data-dependent control flow or host-side statistics, where
-    # graph breaks make torch.compile recompile per layer (trainer.compile=auto then stays eager)
-    compile_friendly: bool = True
-
-    def __init__(self, cfg: Any, d_model: int, layer_idx: int = 0):
-        super().__init__()
-        self.cfg = cfg
-        self.d_model = d_model
-        self.layer_idx = layer_idx
 
     def forward(self, x: torch.Tensor, state: Any = None, offset: int = 0) -> torch.Tensor:
         """``x [B, T, d]`` -> ``[B, T, d]``; ``state`` (from ``new_cache``) is updated in place."""

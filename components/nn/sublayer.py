@@ -1,0 +1,22 @@
+"""What every decoder sublayer (mixer or FFN) holds and declares, shared by both contracts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.nn.matrix_layout import HasMatrixLayouts
+
+
+class Sublayer(HasMatrixLayouts):
+    """A sublayer built from its config at one layer of a ``d_model``-wide decoder."""
+
+    # False when forward has data-dependent control flow or host-side statistics (KDA's chunking, MoE
+    # routers' balancing statistics): graph breaks make torch.compile recompile per layer, so
+    # trainer.compile=auto stays eager
+    compile_friendly: bool = True
+
+    def __init__(self, cfg: Any, d_model: int, layer_idx: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.d_model = d_model
+        self.layer_idx = layer_idx
