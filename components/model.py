@@ -20,6 +20,7 @@ from components.config import DecoderConfig
 from components.ffn.base import FFN
 from components.layer_plan import LayerSpec
 from components.mixers.base import Mixer
+from components.nn.recompute import checkpointed
 from components.nn.rmsnorm import RMSNorm
 from components.residual.base import ResidualScheme
 from components.registry import FFNS, MIXERS, RESIDUALS
@@ -34,10 +35,20 @@ class DecoderLayer(nn.Module):
         self.mixer: Mixer = MIXERS.build(spec.mixer, d_model, spec.index, init_std, out_init_std)
         self.ffn_norm = RMSNorm(d_model, norm_eps)
         self.ffn: FFN = FFNS.build(spec.ffn, d_model, spec.index, init_std, out_init_std)
+        # recompute this layer's forward in backward instead of saving its activations (training only);
+        # a plain attribute, so parameter and state-dict names stay the same
+        self.activation_checkpointing = False
 
     def forward(self, state: Any, residual: ResidualScheme, mixer_state: Any = None, offset: int = 0) -> Any:
         """Both sublayers on the residual scheme's ``state`` (one call, so wrappers such as FSDP2 that
-        hook a module's forward see the whole layer)."""
+        hook a module's forward see the whole layer). With ``activation_checkpointing`` the two sublayers
+        run checkpointed inside this call: FSDP2's hooks stay outside, so the parameters it gathers for
+        backward are there when the layer is recomputed."""
+        if self.activation_checkpointing and self.training and torch.is_grad_enabled() and mixer_state is None:
+            return checkpointed(self._sublayers, state, residual, offset)
+        return self._sublayers(state, residual, offset, mixer_state)
+
+    def _sublayers(self, state: Any, residual: ResidualScheme, offset: int = 0, mixer_state: Any = None) -> Any:
         s = 2 * self.index
         x = residual.read(state, s, self.mixer_norm)
         state = residual.write(state, s, self.mixer(x, state=mixer_state, offset=offset))
@@ -66,6 +77,13 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed.weight
         else:
             nn.init.normal_(self.lm_head.weight, std=m.init_std)
+
+    def set_activation_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute every decoder layer's forward in backward (training): activations of a layer are
+        no longer kept between forward and backward, for about one more forward of compute. Loss,
+        gradients and router statistics are those of the plain model (``components/nn/recompute.py``)."""
+        for layer in self.layers:
+            layer.activation_checkpointing = enabled
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.layers))

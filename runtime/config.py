@@ -39,9 +39,14 @@ class TrainerConfig:
     on_nonfinite: str = "stop"
     max_skipped_steps: int = 10
     precision: str = "32-true"
-    max_steps: int = 1000
-    # stop training after this many minutes of wall time (None: no limit); the schedule still
-    # assumes max_steps, so a time-limited run ends early rather than decaying faster
+    # how long to train: max_steps optimizer steps, or (max_steps=null) a budget of max_tokens training
+    # tokens, turned into steps of data.batch_size x data.seq_len x accumulate_grad_batches tokens
+    # (rounded up). A set max_steps wins over max_tokens (the run says so when it starts). Either way
+    # the learning-rate schedule spans exactly those steps, so the result does not depend on speed.
+    max_steps: Optional[int] = 1000
+    max_tokens: Optional[int] = None
+    # a guard, not a budget: stop after this many minutes of wall time (None: no limit). A run the
+    # guard stops ends before its schedule does, and its summary says so.
     max_time_minutes: Optional[float] = None
     accumulate_grad_batches: int = 1
     gradient_clip_val: Optional[float] = 1.0
@@ -57,6 +62,14 @@ class TrainerConfig:
     compile: str = "false"
     # refuse to start when weights + gradients + optimizer state cannot fit (runtime/memory_check.py)
     memory_check: bool = True
+    # Lightning profiler, writing into <run folder>/profiler/ (runtime/profiling.py): null (off); simple
+    # (time per training hook); advanced (cProfile per hook); pytorch (torch.profiler: operator table and
+    # a Chrome / TensorBoard trace of 3 training steps after 1 wait + 1 warmup step, shapes not recorded)
+    profiler: Optional[str] = None
+    # recompute each decoder layer's forward in backward instead of keeping its activations (less memory,
+    # about one more forward of compute; same loss, gradients and router statistics). Set on the model
+    # before FSDP2 shards it; parameter and checkpoint names are unchanged.
+    activation_checkpointing: bool = False
 
 
 @dataclass
@@ -114,6 +127,7 @@ ALLOWED = {
     "trainer.on_nonfinite": ("stop", "skip"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
 }
+PROFILERS = ("simple", "advanced", "pytorch")  # trainer.profiler, besides null
 
 # the config groups whose nodes select a registry member, with the root keys that hold them
 COMPONENT_KEYS = (("mixer", "mixer"), ("ffn", "ffn"), ("residual", "residual"), ("balancer", "balancer"), ("data", "data"), ("optimizer", "optimizer"))
@@ -191,7 +205,10 @@ def validate(cfg: DictConfig) -> RootConfig:
         check(value in allowed, key, f"'{value}' is not allowed; choose one of {', '.join(allowed)}")
 
     t = root.trainer
-    check(t.max_steps > 0, "trainer.max_steps", f"must be positive, got {t.max_steps}")
+    check(t.max_steps is not None or t.max_tokens is not None, "trainer.max_steps", "how long to train is unset: give trainer.max_steps (optimizer steps) or trainer.max_tokens (a token budget)")
+    check(t.max_steps is None or t.max_steps > 0, "trainer.max_steps", f"must be positive (or null, to train trainer.max_tokens tokens), got {t.max_steps}")
+    check(t.max_tokens is None or t.max_tokens > 0, "trainer.max_tokens", f"must be positive (or null), got {t.max_tokens}")
+    check(t.max_time_minutes is None or t.max_time_minutes > 0, "trainer.max_time_minutes", f"must be positive (or null: no time guard), got {t.max_time_minutes}")
     check(t.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches", f"must be >= 1, got {t.accumulate_grad_batches}")
     check(t.val_check_interval > 0, "trainer.val_check_interval", f"must be positive, got {t.val_check_interval}")
     check(t.checkpoint_every_n_steps > 0, "trainer.checkpoint_every_n_steps", f"must be positive, got {t.checkpoint_every_n_steps}")
@@ -199,6 +216,7 @@ def validate(cfg: DictConfig) -> RootConfig:
     devices_ok = t.devices == "auto" or (isinstance(t.devices, int) and t.devices >= 1) or (isinstance(t.devices, list) and len(t.devices) > 0)
     check(devices_ok, "trainer.devices", f"must be a positive number of processes per node, a list of device indices or 'auto', got {t.devices!r}")
     check(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", f"must be >= 1, got {t.max_skipped_steps}")
+    check(t.profiler is None or t.profiler in PROFILERS, "trainer.profiler", f"'{t.profiler}' is not allowed; choose one of null, {', '.join(PROFILERS)}")
     if t.strategy == "fsdp2":
         fsdp2_precisions = ("32-true", "32", "bf16-mixed", "bf16-true")
         check(t.precision in fsdp2_precisions, "trainer.precision", f"'{t.precision}' is not supported with trainer.strategy=fsdp2; choose one of {', '.join(fsdp2_precisions)}")
@@ -212,6 +230,35 @@ def validate(cfg: DictConfig) -> RootConfig:
     if ranks:
         check(batch % ranks == 0, "data.batch_size", f"{batch} rows cannot be split evenly over the {ranks} data-parallel ranks (trainer.devices x trainer.num_nodes); use a multiple of {ranks}")
     return root
+
+
+def tokens_per_step(root: RootConfig) -> int:
+    """Training tokens one optimizer step consumes (global: summed over data-parallel ranks)."""
+    return root.data.batch_size * root.data.seq_len * root.trainer.accumulate_grad_batches
+
+
+def training_steps(root: RootConfig) -> int:
+    """Optimizer steps the run trains: ``trainer.max_steps`` when set, else the ``trainer.max_tokens``
+    budget in whole steps (rounded up)."""
+    t = root.trainer
+    if t.max_steps is not None:
+        return t.max_steps
+    return -(-t.max_tokens // tokens_per_step(root))
+
+
+def describe_length(root: RootConfig) -> str:
+    """How long the run trains, in steps and tokens, and which setting decided it."""
+    steps = training_steps(root)
+    tokens = steps * tokens_per_step(root)
+    t = root.trainer
+    if t.max_steps is None:
+        source = f"trainer.max_tokens={t.max_tokens:,}"
+    elif t.max_tokens is not None:
+        source = f"trainer.max_steps; trainer.max_tokens={t.max_tokens:,} is not used"
+    else:
+        source = "trainer.max_steps"
+    guard = f", time guard {t.max_time_minutes:g} min" if t.max_time_minutes else ""
+    return f"{steps:,} steps x {tokens_per_step(root):,} tokens = {tokens:,} tokens ({source}{guard})"
 
 
 def check_kernel_backends(root: RootConfig) -> None:

@@ -180,6 +180,8 @@ def config_fingerprint(root: Any) -> str:
     data = to_container(root)
     data.pop("ckpt_path", None)
     data.pop("callbacks", None)  # extra callbacks observe or interrupt a run; they do not make it another run
+    for key in ("profiler", "activation_checkpointing"):  # how a run is observed or fits in memory, not what it trains
+        data["trainer"].pop(key, None)
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:6]
 
 

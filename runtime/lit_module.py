@@ -11,7 +11,6 @@ that keep a distributed run meaning the same as a one-process run.
 from __future__ import annotations
 
 import shutil
-import time
 from typing import Any, Optional
 
 import lightning as L
@@ -43,19 +42,6 @@ def should_compile(trainer_cfg: Any, model: Optional[Decoder] = None) -> bool:
     return any(shutil.which(cc) for cc in ("c++", "g++", "clang++"))
 
 
-class TimeBudget:
-    """Training seconds used so far, for schedules that must finish within ``trainer.max_time_minutes``."""
-
-    def __init__(self, seconds: Optional[float]):
-        self.seconds = seconds
-        self.started: Optional[float] = None
-
-    def fraction(self) -> float:
-        if not self.seconds or self.started is None:
-            return 0.0
-        return (time.perf_counter() - self.started) / self.seconds
-
-
 class NonFiniteTrainingError(RuntimeError):
     """A NaN or infinite loss or gradient ended the run (``trainer.on_nonfinite=stop``)."""
 
@@ -79,8 +65,6 @@ class LanguageModelModule(L.LightningModule):
         self.balancer = BALANCERS.build(cfg.balancer)
         self.balancer.attach(self.model)
         self._set_hidden()
-        minutes = cfg.trainer.max_time_minutes
-        self.time_budget = TimeBudget(minutes * 60 if minutes else None)
         self._val_sums: dict[str, torch.Tensor] = {}
         self.last_val_metrics: dict[str, float] = {}
         self._step_loss_finite: Optional[torch.Tensor] = None  # all micro-batch losses of this step finite
@@ -90,7 +74,10 @@ class LanguageModelModule(L.LightningModule):
 
     def configure_model(self) -> None:
         """FSDP2 (``trainer.strategy=fsdp2``): shard each decoder layer, then the rest, over the
-        data-parallel ranks. Other strategies need nothing here."""
+        data-parallel ranks. Other strategies need nothing here. ``trainer.activation_checkpointing``
+        is set first: each layer recomputes inside its own forward, so FSDP2's hooks wrap it."""
+        if self.cfg.trainer.activation_checkpointing:
+            self.model.set_activation_checkpointing(True)
         if self.cfg.trainer.strategy != "fsdp2" or getattr(self, "_sharded", False):
             return
         from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
@@ -114,9 +101,6 @@ class LanguageModelModule(L.LightningModule):
         checkpoints hold no second copy."""
         hidden = self.model.hidden_states
         object.__setattr__(self, "_hidden", torch.compile(hidden, dynamic=False) if should_compile(self.cfg.trainer, self.model) else hidden)
-
-    def on_train_start(self) -> None:
-        self.time_budget.started = time.perf_counter()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)
@@ -245,7 +229,7 @@ class LanguageModelModule(L.LightningModule):
         total = self.cfg.trainer.max_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
-            lambda step: lr_lambda(step, o.warmup_steps, total, o.schedule, o.min_lr_ratio, self.time_budget.fraction()),
+            lambda step: lr_lambda(step, o.warmup_steps, total, o.schedule, o.min_lr_ratio),
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

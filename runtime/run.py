@@ -20,7 +20,7 @@ import time
 from typing import Any, Optional
 
 
-from runtime.config import RootConfig, to_container
+from runtime.config import RootConfig, describe_length, to_container, training_steps
 from components.layer_plan import describe_plan
 from components.registry import DATASETS
 from runtime import handoff
@@ -96,6 +96,7 @@ def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from runtime.checkpoint_io import AtomicCheckpointIO
+    from runtime.profiling import build_profiler
     from runtime.strategies import build_strategy
 
     t = root.trainer
@@ -135,6 +136,7 @@ def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list
         plugins=plugins,
         default_root_dir=run_dir,
         use_distributed_sampler=False,
+        profiler=build_profiler(t, run_dir),  # trainer.profiler: report / trace under <run_dir>/profiler
     )
 
 
@@ -153,12 +155,15 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     import lightning as L
 
     from runtime.callbacks.depth_weights import DepthWeights
+    from runtime.callbacks.progress import StepProgressBar
     from runtime.callbacks.throughput import Throughput
     from runtime.datamodule import TokenDataModule
     from runtime.lit_module import LanguageModelModule
     from runtime.loggers import build_loggers, default_run_name
 
     L.seed_everything(root.seed, workers=True, verbose=False)
+    length = describe_length(root)
+    root.trainer.max_steps = training_steps(root)  # a token budget becomes steps; the schedule spans them
     ckpt = resolve_resume(root.ckpt_path, run_dir)
 
     dataset = DATASETS.build(root.data, root.seed)
@@ -174,12 +179,15 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     config_dict = {**to_container(root), **(extra_config or {})}
     loggers, wandb_logger = build_loggers(root, run_dir, run_name, config_dict, resume_id)
     callbacks = [throughput, DepthWeights(run_dir), *extra_callbacks(root)]
+    if root.trainer.enable_progress_bar:
+        callbacks.append(StepProgressBar())
     trainer = build_trainer(root, run_dir, callbacks, loggers)
 
     if trainer.is_global_zero:
         print(f"run folder: {run_dir}")
         print(f"data: {dataset.describe()}")
         print(f"model: {model.num_params():,} parameters ({model.active_params():,} active per token), layers: {describe_plan(model.plan)}")
+        print(f"training: {length}")
         if ckpt:
             print(f"resuming from {ckpt}")
     if wandb_logger is not None and trainer.is_global_zero:
@@ -200,6 +208,7 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
             "name": run_name,
             "run_dir": run_dir,
             "steps": trainer.global_step,
+            "planned_steps": root.trainer.max_steps,
             "train_tokens": throughput.total_tokens,
             "train_seconds": round(throughput.train_seconds, 2),
             "tokens_per_s": throughput.total_tokens / max(throughput.train_seconds, 1e-9),
@@ -231,12 +240,20 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     return summary
 
 
+def steps_note(s: dict[str, Any]) -> str:
+    """Flags a run that stopped before its planned steps (the time guard, or an interruption)."""
+    planned = s.get("planned_steps")
+    if planned is None or s["steps"] >= planned:
+        return ""
+    return f" of {planned} planned (stopped early by the time guard trainer.max_time_minutes: not the planned run's result)"
+
+
 def format_summary(s: dict[str, Any], metric: str) -> str:
     val = s["val"]
     lines = [
         "",
         f"== {s['name']} ==",
-        f"steps {s['steps']}, {s['train_tokens'] / 1e6:.2f}M tokens in {s['train_seconds'] / 60:.1f} min of training ({s['tokens_per_s']:,.0f} tokens/s)",
+        f"steps {s['steps']}{steps_note(s)}, {s['train_tokens'] / 1e6:.2f}M tokens in {s['train_seconds'] / 60:.1f} min of training ({s['tokens_per_s']:,.0f} tokens/s)",
         f"validation loss {val.get('loss', float('nan')):.4f}" + (f", {metric} {val[metric]:.4f}" if metric in val and metric != "loss" else ""),
     ]
     if s["baselines"]:

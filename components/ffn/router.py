@@ -17,8 +17,9 @@ Statistics for balancers (training mode only, detached, accumulated over micro-b
   blocks ``[N, E]`` of every micro-batch (exact quantiles; memory ``4 * M * E`` bytes per layer and step).
 
 The cutoff of a token is its (k+1)-th largest biased score. It is free: the router takes top-(k+1) once and
-uses the first k as routes. Every training-mode forward is counted, so a forward recomputed by activation
-checkpointing would be counted twice.
+uses the first k as routes. Every training-mode forward is counted once: a forward that activation
+checkpointing recomputes in backward (``components/nn/recompute.py``) routes the same tokens the same way
+and records nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from components.nn.recompute import recomputing
 
 ROUTER_ACTIVATIONS = ("sigmoid", "softmax")
 
@@ -124,7 +127,7 @@ class Router(nn.Module):
         if self.renormalize and k > 1:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         weights = weights * self.routed_scaling_factor
-        if self.training:
+        if self.training and not recomputing():
             self._record(scores, indices, cutoff, shape)
         return indices, weights, scores
 

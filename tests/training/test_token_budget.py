@@ -1,0 +1,82 @@
+"""How long a run trains: a token budget (trainer.max_tokens) becomes whole optimizer steps, the
+learning-rate schedule spans exactly those steps, the result does not depend on wall time, and the
+progress bar counts steps against the plan."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from components.optim.schedule import lr_lambda
+from components.registry import ConfigError
+from runtime.config import describe_length, training_steps
+from runtime.jsonl_logger import read_metrics
+from tests.helpers import compose_root, run_train
+
+FAST = [
+    "model=tiny", "data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048",
+    "trainer.log_every_n_steps=1", "trainer.compile=false", "logger=csv",
+    "trainer.val_check_interval=1000", "trainer.checkpoint_every_n_steps=1000",
+]
+
+
+def test_token_budget_becomes_whole_steps():
+    root = compose_root("trainer.max_steps=null", "trainer.max_tokens=10000", "data.batch_size=4", "data.seq_len=100",
+                                  "trainer.accumulate_grad_batches=2")
+    assert training_steps(root) == 13  # 800 tokens a step: 12.5 rounded up
+    assert "13 steps x 800 tokens" in describe_length(root) and "trainer.max_tokens=10,000" in describe_length(root)
+
+
+def test_max_steps_wins_and_says_so():
+    root = compose_root("trainer.max_steps=7", "trainer.max_tokens=10000")
+    assert training_steps(root) == 7
+    assert "max_tokens=10,000 is not used" in describe_length(root)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["trainer.max_steps=null", "trainer.max_tokens=null"], "trainer.max_steps"),
+    (["trainer.max_steps=null", "trainer.max_tokens=0"], "trainer.max_tokens"),
+    (["trainer.max_steps=-3"], "trainer.max_steps"),
+    (["trainer.max_time_minutes=0"], "trainer.max_time_minutes"),
+])
+def test_bad_lengths_are_refused(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        compose_root(*overrides)
+    assert err.value.key == key
+
+
+def test_schedule_is_a_function_of_the_step_alone():
+    total, warmup = 50, 5
+    values = [lr_lambda(s, warmup, total, "cosine", 0.1) for s in range(total + 1)]
+    assert values[0] == pytest.approx(1 / warmup) and values[warmup - 1] == pytest.approx(1.0)
+    assert values[warmup] == pytest.approx(1.0) and values[total] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(values[warmup:], values[warmup + 1:]))
+    assert lr_lambda(total + 10, warmup, total, "cosine", 0.1) == pytest.approx(0.1)  # stays at the floor
+    assert lr_lambda(30, warmup, total, "linear", 0.0) == pytest.approx(1 - 25 / 45)
+    assert lr_lambda(30, warmup, total, "constant", 0.0) == 1.0
+    assert math.isclose(lr_lambda(warmup + 45 // 2, warmup, total, "cosine", 0.0), 0.5 * (1 + math.cos(math.pi * 22 / 45)))
+
+
+def _losses(run_root: Path) -> list[float]:
+    (run_dir,) = [p for p in run_root.iterdir() if p.is_dir()]
+    return [r["train/loss"] for r in read_metrics(str(run_dir / "metrics.jsonl")) if "train/loss" in r]
+
+
+def test_token_budget_run_is_reproducible_and_shows_steps_in_its_bar(tmp_path):
+    """Two bf16 runs of the same 5-step token budget and seed log bit-identical losses; the bar counts
+    optimizer steps against the planned 5 (not batches of an endless epoch)."""
+    budget = ["trainer.max_steps=null", f"trainer.max_tokens={8 * 64 * 5 - 100}", "trainer.precision=bf16-mixed"]
+    first = run_train(*FAST, *budget, "trainer.enable_progress_bar=true", f"output_root={tmp_path / 'a'}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "training: 5 steps x 512 tokens = 2,560 tokens (trainer.max_tokens=2,460" in first.stdout
+    assert "step 5/5" in first.stdout and "Epoch" not in first.stdout  # Lightning's bars write to stdout
+    (run_dir,) = [p for p in (tmp_path / "a").iterdir() if p.is_dir()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == summary["planned_steps"] == 5 and summary["train_tokens"] == 5 * 512
+
+    second = run_train(*FAST, *budget, "trainer.enable_progress_bar=false", f"output_root={tmp_path / 'b'}")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert _losses(tmp_path / "a") == _losses(tmp_path / "b") and len(_losses(tmp_path / "a")) == 5
