@@ -26,8 +26,6 @@ import argparse
 import csv
 import html
 import json
-import math
-import os
 import statistics
 import sys
 from dataclasses import dataclass, field

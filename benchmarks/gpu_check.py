@@ -60,6 +60,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # also runnable as a script
 
 from benchmarks.timing import medians, time_interleaved
+from benchmarks.train_step import compose_root, train_setup
 
 GOAL_MOE_VS_DENSE = 1.3
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False"
@@ -471,48 +472,6 @@ def check_moe_vs_dense(form: str, size: tuple[int, int, int, int, int], repeats:
 # ------------------------------------------------------------------------------------------------
 # 5. training throughput and MFU
 # ------------------------------------------------------------------------------------------------
-def compose_root(overrides: Sequence[str]) -> Any:
-    """The typed, validated root config of ``overrides`` (as tests/helpers.py composes it)."""
-    from runtime.config import validate
-    from runtime.launch import compose, strip_hydra
-
-    return validate(strip_hydra(compose(list(overrides))))
-
-
-def train_setup(root: Any, device: torch.device, compile: bool = False,
-                prepare: Callable[[torch.nn.Module], None] | None = None) -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
-    """The decoder of ``root`` on ``device`` and a training step ``step(ids [B, T+1]) -> loss``: bf16
-    autocast forward, fp32 cross-entropy plus the balancer's loss, backward, the config's optimizer, the
-    balancer's update (wired as tests/helpers.py::train_steps). ``prepare(model)`` runs before the
-    optimizer is built (sharding)."""
-    import torch.nn.functional as F
-
-    from components.model import Decoder
-    from components.registry import BALANCERS, OPTIMIZERS
-
-    torch.manual_seed(0)
-    model = Decoder(root.decoder_config()).to(device).train()
-    if prepare is not None:
-        prepare(model)
-    balancer = BALANCERS.build(root.balancer)
-    balancer.attach(model)
-    optimizer = OPTIMIZERS.build(root.optimizer, model)
-    forward = torch.compile(model, dynamic=False) if compile else model
-
-    def step(ids: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            logits = forward(ids[:, :-1])  # [B, T, vocab]
-        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
-        aux = balancer.aux_loss(model)
-        optimizer.zero_grad(set_to_none=True)
-        (loss if aux is None else loss + aux).backward()
-        optimizer.step()
-        balancer.step(model)
-        return loss.detach()
-
-    return model, step
-
-
 def peak_flops(ctx: Context) -> tuple[float, str]:
     """bf16 dense peak FLOP/s: ``--peak-tflops``, else the datasheet value of a known device name, else a
     measured bf16 matmul (runtime/callbacks/throughput.py)."""
@@ -533,9 +492,8 @@ def check_train(key: str, overrides: Sequence[str], B: int, T: int, warmup: int,
         from components.model import build_on_meta
 
         unfriendly = build_on_meta(root.decoder_config()).compile_unfriendly()
-        if compile and unfriendly:
-            raise Skip(f"compile-unfriendly components ({', '.join(unfriendly)}): the trainer runs them eager")
-        model, step = train_setup(root, ctx.device, compile)
+        mode = ("layers" if unfriendly else "model") if compile else "off"  # as the trainer compiles it
+        model, step = train_setup(root, ctx.device, mode)
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, model.vocab_size, (B, T + 1), generator=gen).to(ctx.device)  # [B, T+1]
         losses = []
@@ -550,7 +508,7 @@ def check_train(key: str, overrides: Sequence[str], B: int, T: int, warmup: int,
             row.ref_ms = ctx.results.get(f"{key}_eager_ms")  # compiled against eager
         else:
             ctx.results[f"{key}_eager_ms"] = ms
-        mode = "compiled" if compile else "eager" + (f" (compile-unfriendly: {', '.join(unfriendly)})" if unfriendly else "")
+        mode = {"off": "eager", "model": "compiled", "layers": "compiled per layer (eager islands)"}[mode]
         row.add_note(f"{tokens_per_s:,.0f} tok/s, MFU {mfu:.1%} of {peak / 1e12:.0f} TFLOP/s ({source}); "
                      f"{model.num_params() / 1e6:.1f}M params, {model.flops_per_token(T) / 1e6:.0f} MFLOP/token; "
                      f"{mode}, {root.optimizer.name}, loss {float(losses[0]):.3f} -> {float(losses[-1]):.3f}")
@@ -666,9 +624,12 @@ def build_checks(args: argparse.Namespace) -> list[Check]:
     B, T = (4, 1024) if q else (8, 2048)
     d = ov[1].split("=")[1]
     checks.append(Check("train_k3_small", f"k3_small d={d}, B={B} T={T}", check_train("train_k3_small", ov, B, T, warmup, steps)))
+    if not (args.no_compile or q):
+        checks.append(Check("train_k3_small_compiled", f"k3_small d={d}, B={B} T={T}",
+                            check_train("train_k3_small", ov, B, T, warmup, steps, compile=True)))
     if args.only:
         wanted = set(args.only.split(","))
-        unknown = wanted - {c.name for c in checks} - {"train_default_compiled"}
+        unknown = wanted - {c.name for c in checks} - {"train_default_compiled", "train_k3_small_compiled"}
         if unknown:
             raise SystemExit(f"--only: unknown check(s) {', '.join(sorted(unknown))}; choose from {', '.join(dict.fromkeys(c.name for c in checks))}")
         checks = [c for c in checks if c.name in wanted]

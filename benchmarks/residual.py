@@ -184,7 +184,7 @@ def main() -> None:
 
 def depth_table(args: argparse.Namespace, depths: list[int]) -> None:
     """Activation MiB above plain at several depths, 4 blocks for the block scheme."""
-    print(f"\nactivation MiB above plain vs depth (block AttnRes: 4 blocks of L/4 layers)")
+    print("\nactivation MiB above plain vs depth (block AttnRes: 4 blocks of L/4 layers)")
     print(f"{'layers':>6} {'plain MiB':>10} {'block':>8} {'block keep':>10} {'full':>8}")
     for L in depths:
         block = ["residual=block_attnres", f"residual.block_size={max(1, L // 4)}"]

@@ -10,7 +10,6 @@ that keep a distributed run meaning the same as a one-process run.
 
 from __future__ import annotations
 
-import shutil
 from typing import Any, Optional
 
 import lightning as L
@@ -24,22 +23,9 @@ from components.distributed import world_size
 from components.model import Decoder
 from components.optim.schedule import lr_lambda
 from components.registry import BALANCERS, OPTIMIZERS
+from runtime.compile import compile_mode, compiled_hidden
 from runtime.config import RootConfig
 from runtime.data_parallel_loss import global_token_mean
-
-
-def should_compile(trainer_cfg: Any, model: Optional[Decoder] = None) -> bool:
-    """``trainer.compile``; ``auto`` compiles unless a component declares ``compile_friendly = False``
-    (eager code with data-dependent control flow or host-side statistics -- KDA's chunked kernel, MoE
-    routers' balancing statistics -- where graph breaks make torch.compile recompile per layer)."""
-    choice = str(trainer_cfg.compile).lower()
-    if choice != "auto":
-        return choice == "true"
-    if model is not None and model.compile_unfriendly():
-        return False
-    if trainer_cfg.accelerator in ("gpu", "cuda"):
-        return True
-    return any(shutil.which(cc) for cc in ("c++", "g++", "clang++"))
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -99,8 +85,8 @@ class LanguageModelModule(L.LightningModule):
         """``self._hidden``: the model's hidden-state function, compiled when the trainer says so. A view
         of the same module (shares parameters; state dicts keep the plain names), not registered, so
         checkpoints hold no second copy."""
-        hidden = self.model.hidden_states
-        object.__setattr__(self, "_hidden", torch.compile(hidden, dynamic=False) if should_compile(self.cfg.trainer, self.model) else hidden)
+        mode = compile_mode(self.cfg.trainer, self.model)  # off, model (one graph) or layers (per layer)
+        object.__setattr__(self, "_hidden", compiled_hidden(self.model, mode))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)

@@ -32,7 +32,7 @@ experts' weighted outputs, weights are not renormalised).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +72,10 @@ def auto_dispatch(x: torch.Tensor, w1: torch.Tensor) -> str:
     """The back-end ``dispatch=auto`` runs for tokens ``x [R, d_in]`` and gate weights ``w1 [E, m, d_in]``:
     ``grouped_mm`` where it runs as is and is trusted, else ``padded_bmm``."""
     if not grouped_mm_supported(x, w1.transpose(-2, -1)):
+        return "padded_bmm"
+    # On the CPU, grouped_mm runs one small product per expert; in bf16 one padded batched product is
+    # faster (benchmarks/moe.py, benchmarks/k3_speed.py), and far faster once the layer around it is compiled.
+    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
         return "padded_bmm"
     # torch._grouped_mm / F.grouped_mm has open reports of wrong gradients for experts that receive zero
     # tokens on Blackwell-class GPUs (compute capability 10.x): pytorch/pytorch#172439 and
@@ -131,6 +135,59 @@ class _PermuteRows(torch.autograd.Function):
 def _gmm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """``[R, K] x [E, N, K] -> [R, N]``: rows offs[e-1]:offs[e] use w[e]."""
     return _ContiguousGrad.apply(F.grouped_mm(x, w.transpose(-2, -1), offs=offs))
+
+
+class RoutePlan(NamedTuple):
+    """Where each (token, slot) pair goes: computed from the routing alone, without gradients."""
+
+    order: torch.Tensor  # [P] pair indices (token * k + slot) grouped by expert, token order inside
+    inverse: Optional[torch.Tensor]  # [N*k] position of each pair in ``order`` (dropless only)
+    expert_sorted: torch.Tensor  # [P] expert of each sorted pair
+    rank: torch.Tensor  # [P] slot of each sorted pair within its expert
+    counts: torch.Tensor  # [E] pairs kept per expert
+    offs: torch.Tensor  # [E] int32 end offsets of each expert's rows (grouped_mm)
+    cap: Optional[int]  # per-expert slots, or None (dropless)
+
+
+@torch.compiler.disable
+def _route_plan(indices: torch.Tensor, num_experts: int, cap: Optional[int]) -> RoutePlan:
+    # An eager island inside a compiled layer: sort and count sizes depend on the routing, and nothing
+    # here needs a gradient.
+    flat = indices.reshape(-1)  # [N*k], pair p = token * k + slot
+    order = torch.argsort(flat, stable=True)  # [N*k]
+    expert_sorted = flat[order]  # [N*k]
+    counts = torch.bincount(flat, minlength=num_experts)  # [E]
+    starts = torch.cumsum(counts, 0) - counts  # [E]
+    rank = torch.arange(flat.numel(), device=flat.device) - starts[expert_sorted]  # [N*k] slot within expert
+    inverse = None
+    if cap is not None:
+        keep = rank < cap
+        order, expert_sorted, rank = order[keep], expert_sorted[keep], rank[keep]
+        counts = counts.clamp(max=cap)
+    else:
+        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    offs = torch.cumsum(counts, 0).to(torch.int32)  # [E]
+    return RoutePlan(order, inverse, expert_sorted, rank, counts, offs, cap)
+
+
+@torch.compiler.disable
+def _gmm_island(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    # eager inside a compiled layer: the group sizes are data, and grouped_mm's shape function on the
+    # CPU accepts bf16 only; the activation between the products still compiles. Compiled code may hand
+    # over other strides than eager code does, and the CPU kernel's per-group products are only fast on
+    # dense rows and dense expert matrices.
+    return _gmm(x.contiguous(), w.contiguous(), offs)
+
+
+@torch.compiler.disable
+def _padded_bmm_island(xs, w1, w2, w3, act, plan: RoutePlan) -> torch.Tensor:
+    # eager inside a compiled layer: the padded width is the largest expert load, known only from the data
+    E = w1.shape[0]
+    C = plan.cap if plan.cap is not None else int(plan.counts.max()) if plan.counts.numel() else 0
+    buf = xs.new_zeros(E, C, xs.shape[-1])  # [E, C, d_in]
+    buf = buf.index_put((plan.expert_sorted, plan.rank), xs)
+    h = act(torch.bmm(buf, w1.transpose(1, 2)), torch.bmm(buf, w3.transpose(1, 2)))  # [E, C, m]
+    return torch.bmm(h, w2.transpose(1, 2))[plan.expert_sorted, plan.rank]  # [P, d_in]
 
 
 def experts_reference(
@@ -228,41 +285,25 @@ class RoutedExperts(HasMatrixLayouts):
             return experts_reference(z, indices, weights, w1, w2, w3, self.act, self.capacity_factor)
 
         N, k = indices.shape
-        E = self.num_experts
-        flat = indices.reshape(-1)  # [N*k], pair p = token * k + slot
-        order = torch.argsort(flat, stable=True)  # [N*k], pairs grouped by expert, token order inside
-        expert_sorted = flat[order]  # [N*k]
-        counts = torch.bincount(flat, minlength=E)  # [E]
-        starts = torch.cumsum(counts, 0) - counts  # [E]
-        rank = torch.arange(flat.numel(), device=flat.device) - starts[expert_sorted]  # [N*k] slot within expert
-        cap = capacity(N, k, E, self.capacity_factor)
-        if cap is not None:
-            keep = rank < cap
-            order, expert_sorted, rank = order[keep], expert_sorted[keep], rank[keep]
-            counts = counts.clamp(max=cap)
-            xs = z[order // k]  # [P, d_in], P kept pairs
+        plan = _route_plan(indices, self.num_experts, capacity(N, k, self.num_experts, self.capacity_factor))
+        if plan.cap is not None:
+            xs = z[plan.order // k]  # [P, d_in], P kept pairs
         else:  # dropless: order is a permutation of the N*k pairs
-            inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-            xs = _GatherRows.apply(z, order // k, inverse, k)  # [N*k, d_in]
+            xs = _GatherRows.apply(z, plan.order // k, plan.inverse, k)  # [N*k, d_in]
 
         if backend == "grouped_mm":
-            offs = torch.cumsum(counts, 0).to(torch.int32)  # [E]
-            h = self.act(_gmm(xs, w1, offs), _gmm(xs, w3, offs))  # [P, m]
-            ys = _gmm(h, w2, offs)  # [P, d_in]
-        else:  # padded_bmm
-            C = cap if cap is not None else int(counts.max()) if counts.numel() else 0
-            buf = xs.new_zeros(E, C, xs.shape[-1])  # [E, C, d_in]
-            buf = buf.index_put((expert_sorted, rank), xs)
-            h = self.act(torch.bmm(buf, w1.transpose(1, 2)), torch.bmm(buf, w3.transpose(1, 2)))  # [E, C, m]
-            ys = torch.bmm(h, w2.transpose(1, 2))[expert_sorted, rank]  # [P, d_in]
+            h = self.act(_gmm_island(xs, w1, plan.offs), _gmm_island(xs, w3, plan.offs))  # [P, m]
+            ys = _gmm_island(h, w2, plan.offs)  # [P, d_in]
+        else:
+            ys = _padded_bmm_island(xs, w1, w2, w3, self.act, plan)  # [P, d_in]
 
         # weight in fp32 (router precision; fp64 stays fp64), un-sort to [N, k, d_in], sum the k choices, cast back once
         acc = torch.promote_types(dtype, torch.float32)
-        yw = ys.to(acc) * weights.reshape(-1)[order].to(acc)[:, None]  # [P, d_in]
-        if cap is not None:
-            full = yw.new_zeros(N * k, yw.shape[-1]).index_put((order,), yw)  # [N*k, d_in]; dropped pairs stay 0
+        yw = ys.to(acc) * weights.reshape(-1)[plan.order].to(acc)[:, None]  # [P, d_in]
+        if plan.cap is not None:
+            full = yw.new_zeros(N * k, yw.shape[-1]).index_put((plan.order,), yw)  # [N*k, d_in]; dropped pairs stay 0
         else:
-            full = _PermuteRows.apply(yw, inverse, order)  # [N*k, d_in], back in pair order
+            full = _PermuteRows.apply(yw, plan.inverse, plan.order)  # [N*k, d_in], back in pair order
         return full.view(N, k, -1).sum(dim=1).to(dtype)  # [N, d_in]
 
     def extra_repr(self) -> str:

@@ -101,7 +101,7 @@ class MoEFFN(FFN):
 
     latent = False
     stable = False
-    compile_friendly = False  # the router's balancing statistics are host-side per-step state
+    compile_friendly = False  # routing plan, grouped products and balancing statistics are eager islands: compiled per layer
 
     def __init__(self, cfg: MoEFFNConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
         super().__init__(cfg, d_model, layer_idx)

@@ -46,13 +46,15 @@ class RouterRecord:
     shape: tuple[int, ...]  # leading dims of the input (e.g. (B, T)); N = prod(shape)
 
 
-def histogram_range(bias: torch.Tensor) -> tuple[float, float]:
-    """``[min b - 1, max b + 1]``: contains every ``r = cutoff - s`` when ``s`` lies in [0, 1] (docs/k3.md §6.6)."""
+def histogram_range(bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[min b - 1, max b + 1]``: contains every ``r = cutoff - s`` when ``s`` lies in [0, 1] (docs/k3.md §6.6).
+
+    0-d float64 tensors on the bias's device: the forward pass never waits on a host read of the bias."""
     b = bias.detach().double()
-    return float(b.min()) - 1.0, float(b.max()) + 1.0
+    return b.min() - 1.0, b.max() + 1.0
 
 
-def margin_histogram(r: torch.Tensor, lo: float, hi: float, bins: int) -> torch.Tensor:
+def margin_histogram(r: torch.Tensor, lo: float | torch.Tensor, hi: float | torch.Tensor, bins: int) -> torch.Tensor:
     """Per-expert bin counts ``[E, bins]`` (int64) of ``r [N, E]`` over equal bins of ``[lo, hi]``.
 
     Values outside the range are clamped into the end bins. Counts are additive, so histograms of any
@@ -137,7 +139,7 @@ class Router(nn.Module):
         self.load: Optional[torch.Tensor] = None  # [E] int64
         self.tokens = 0
         self.hist: Optional[torch.Tensor] = None  # [E, bins] int64
-        self.hist_range: Optional[tuple[float, float]] = None
+        self.hist_range: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # 0-d float64, on device
         self.margins: list[torch.Tensor] = []  # [N_i, E] fp32 blocks
         self.last: Optional[RouterRecord] = None
 
@@ -180,8 +182,11 @@ class Router(nn.Module):
         h = margin_histogram(r, *self.hist_range, self.hist_bins)  # [E, bins]
         self.hist = h if self.hist is None else self.hist + h
 
+    @torch.compiler.disable
     @torch.no_grad()
     def _record(self, scores: torch.Tensor, indices: torch.Tensor, cutoff: torch.Tensor, shape: tuple[int, ...]) -> None:
+        # Eager even inside a compiled layer (an island, not traced): it mutates per-step Python state and
+        # its counts have data-dependent sizes. Everything stays on the device until a balancer's step.
         counts = torch.bincount(indices.flatten(), minlength=self.num_experts)  # [E]
         self.load = counts if self.load is None else self.load + counts
         self.tokens += indices.shape[0]

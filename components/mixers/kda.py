@@ -92,7 +92,7 @@ def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, prefix: Optiona
 class KimiDeltaAttention(Mixer):
     """Kimi Delta Attention: gated delta-rule linear attention with a fixed-size state (K3)."""
 
-    compile_friendly = False  # the chunked kernel picks its chunking from the data: trainer.compile=auto stays eager
+    compile_friendly = False  # the chunked kernel (its chunk size read from the data) is an eager island: compiled per layer
 
     def __init__(self, cfg: KDAConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
         super().__init__(cfg, d_model, layer_idx)

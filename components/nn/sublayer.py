@@ -10,9 +10,9 @@ from components.nn.matrix_layout import HasMatrixLayouts
 class Sublayer(HasMatrixLayouts):
     """A sublayer built from its config at one layer of a ``d_model``-wide decoder."""
 
-    # False when forward has data-dependent control flow or host-side statistics (KDA's chunking, MoE
-    # routers' balancing statistics): graph breaks make torch.compile recompile per layer, so
-    # trainer.compile=auto stays eager
+    # False when forward holds eager islands (torch.compiler.disable'd code with data-dependent sizes or
+    # host-side state: KDA's chunk choice, MoE routing plans and balancing statistics): the trainer then
+    # compiles the model layer by layer around them instead of as one graph (runtime/compile.py)
     compile_friendly: bool = True
 
     def __init__(self, cfg: Any, d_model: int, layer_idx: int = 0):

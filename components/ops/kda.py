@@ -537,5 +537,13 @@ def chunk_kda(
             S = q.new_zeros(B, HV, K, V, dtype=dt) if initial_state is None else initial_state.to(dt).clone()
         return v.new_zeros(B, 0, HV, V), S
     q, k = _expand_heads(q, k, HV)
-    o, final = _ChunkKDA.apply(q, k, v, g, beta, initial_state, float(scale), chunk_size, output_final_state)
+    o, final = _chunk_kda_apply(q, k, v, g, beta, initial_state, float(scale), chunk_size, output_final_state)
     return o, (final if output_final_state else None)
+
+
+@torch.compiler.disable(recursive=True)
+def _chunk_kda_apply(q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state):
+    # An opaque island inside a compiled region: the chunk size is chosen from the data (one host read of
+    # the largest chunk log-decay), the hand-written backward loops over chunks, and every op inside is
+    # already a batched matmul or a fused in-place update, so tracing it would gain nothing.
+    return _ChunkKDA.apply(q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state)

@@ -87,6 +87,30 @@ def orthogonalized_update_any(update: Tensor, layout: MatrixLayout, ns_steps: in
     return distribute_tensor(ortho, update.device_mesh, update.placements, src_data_rank=None), scale
 
 
+def orthogonalized_updates(items: list[tuple[Tensor, MatrixLayout]], ns_steps: int = 5) -> list[tuple[Tensor, float]]:
+    """``orthogonalized_update_any`` of many parameters at once, in order.
+
+    Blocks of the same shape (the heads of every attention projection, the experts of every MoE layer)
+    share one batched Newton-Schulz: the iteration treats each matrix on its own, so the result is the
+    per-parameter one, in a few large products instead of hundreds of small ones. Sharded updates are
+    gathered and orthogonalised one by one.
+    """
+    results: list[Optional[tuple[Tensor, float]]] = [None] * len(items)
+    groups: dict[tuple, list[tuple[int, Tensor]]] = {}
+    for i, (update, layout) in enumerate(items):
+        if getattr(update, "full_tensor", None) is not None:
+            results[i] = orthogonalized_update_any(update, layout, ns_steps)
+            continue
+        blocks = layout.to_blocks(update)  # [n_i, a, b]
+        groups.setdefault((update.device, *blocks.shape[-2:]), []).append((i, blocks))
+    for (_, a, b), members in groups.items():
+        ortho = newton_schulz(torch.cat([blocks for _, blocks in members]), ns_steps)  # [sum n_i, a, b]
+        for (i, blocks), part in zip(members, ortho.split([blocks.shape[0] for _, blocks in members])):
+            update, layout = items[i]
+            results[i] = (layout.from_blocks(part, update.shape).to(update.dtype), 0.2 * math.sqrt(max(a, b)))
+    return results
+
+
 class Muon(torch.optim.Optimizer):
     """Muon for the groups marked ``use_muon=True``, AdamW for the rest; one ``lr`` schedule for both.
 
@@ -121,6 +145,7 @@ class Muon(torch.optim.Optimizer):
 
     def _muon_group(self, group: dict) -> None:
         lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+        params, updates = [], []
         for p, layout in zip(group["params"], group["layouts"]):
             if p.grad is None:
                 continue
@@ -130,8 +155,9 @@ class Muon(torch.optim.Optimizer):
                 state["momentum_buffer"] = torch.zeros_like(g)
             buf = state["momentum_buffer"]
             buf.lerp_(g, 1 - mu)
-            update = g.lerp(buf, mu) if group["nesterov"] else buf
-            ortho, scale = orthogonalized_update_any(update, MatrixLayout(*layout), group["ns_steps"])
+            params.append(p)
+            updates.append((g.lerp(buf, mu) if group["nesterov"] else buf, MatrixLayout(*layout)))
+        for p, (ortho, scale) in zip(params, orthogonalized_updates(updates, group["ns_steps"])):
             p.mul_(1 - lr * wd)  # decoupled decay uses the unscaled lr (Moonlight, torch)
             p.add_(ortho, alpha=-lr * scale)
 

@@ -119,3 +119,10 @@ def test_auto_on_cpu_is_unchanged():
     assert auto_dispatch(z, w1) == ("grouped_mm" if HAS_GROUPED_MM else "padded_bmm")
     assert auto_dispatch(z.double(), w1.double()) == "padded_bmm"
     assert experts_mod._GROUPED_MM_UNTRUSTED_CAPABILITY == (10, 0)
+
+
+@pytest.mark.parametrize("dtype,expected", [(torch.bfloat16, "padded_bmm"), (torch.float32, "grouped_mm" if HAS_GROUPED_MM else "padded_bmm")])
+def test_auto_on_cpu_takes_one_padded_product_in_bf16(dtype, expected):
+    """grouped_mm on the CPU is a product per expert: in bf16 the padded batched product is the faster one."""
+    z, w1 = torch.zeros(64, 128, dtype=dtype), torch.zeros(E, 256, 128, dtype=dtype)
+    assert auto_dispatch(z, w1) == expected

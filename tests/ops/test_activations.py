@@ -22,7 +22,6 @@ import torch
 
 from components.ops.activations import (
     GLU_ACTIVATIONS,
-    glu,
     glu_activation,
     situ_glu,
     situ_glu_reference,

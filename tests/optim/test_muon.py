@@ -10,7 +10,7 @@ import torch
 
 from components.model import Decoder
 from components.nn.matrix_layout import MatrixLayout
-from components.optim.muon import NS_COEFFICIENTS, Muon, newton_schulz
+from components.optim.muon import NS_COEFFICIENTS, Muon, newton_schulz, orthogonalized_update, orthogonalized_updates
 from components.optim.param_groups import muon_partition
 from components.registry import OPTIMIZERS
 from tests.helpers import compose_root, group_options
@@ -166,3 +166,21 @@ def test_muon_trains_every_mixer_and_ffn(mixer, ffn):
         losses.append(loss.item())
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_batched_orthogonalisation_equals_one_parameter_at_a_time():
+    """One step orthogonalises every parameter's blocks of the same shape in one batched Newton-Schulz;
+    each result must be the one the parameter gets on its own (heads, experts, plain, tall and wide)."""
+    gen = torch.Generator().manual_seed(0)
+    items = [
+        (torch.randn(128, 64, generator=gen), MatrixLayout(4, 0, False)),  # 4 heads of [32, 64]
+        (torch.randn(64, 128, generator=gen), MatrixLayout(2, 1, False)),  # 2 heads of [64, 64]
+        (torch.randn(32, 64, generator=gen), MatrixLayout(1, 0, False)),  # plain [32, 64], shares a shape
+        (torch.randn(8, 64, 64, generator=gen), MatrixLayout(1, 0, True)),  # 8 experts of [64, 64]
+        (torch.randn(96, 32, generator=gen), MatrixLayout(1, 0, False)),  # tall, alone in its shape
+    ]
+    batched = orthogonalized_updates(items, ns_steps=5)
+    for (update, layout), (ortho, scale) in zip(items, batched):
+        ref, ref_scale = orthogonalized_update(update, layout, 5)
+        assert scale == ref_scale and ortho.shape == update.shape
+        torch.testing.assert_close(ortho, ref, atol=1e-3, rtol=0)  # batching only regroups the same products

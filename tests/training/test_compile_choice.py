@@ -1,4 +1,5 @@
-"""trainer.compile=auto stays eager for models with compile-unfriendly components; explicit choices win."""
+"""trainer.compile: auto compiles a model as one graph, or layer by layer around the eager islands of
+KDA and routed FFNs; explicit choices win."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import shutil
 import pytest
 
 from components.model import Decoder
-from runtime.lit_module import should_compile
+from runtime.compile import compile_mode
 from tests.helpers import compose_root
 
 
@@ -17,11 +18,12 @@ from tests.helpers import compose_root
     (["ffn=moe"], ["MoEFFN"]),
     (["experiment=k3_tiny"], ["KimiDeltaAttention", "StableLatentMoEFFN"]),
 ])
-def test_auto_compile_respects_components(overrides, unfriendly):
+def test_compile_mode_follows_components(overrides, unfriendly):
     root = compose_root("model=tiny", *overrides, "trainer.compile=auto")
     model = Decoder(root.decoder_config())
     assert model.compile_unfriendly() == unfriendly
     has_compiler = any(shutil.which(cc) for cc in ("c++", "g++", "clang++"))
-    assert should_compile(root.trainer, model) == (has_compiler and not unfriendly)
-    assert should_compile(compose_root("model=tiny", *overrides, "trainer.compile=true").trainer, model) is True
-    assert should_compile(compose_root("model=tiny", *overrides, "trainer.compile=false").trainer, model) is False
+    compiled = "layers" if unfriendly else "model"
+    assert compile_mode(root.trainer, model) == (compiled if has_compiler else "off")
+    assert compile_mode(compose_root("model=tiny", *overrides, "trainer.compile=true").trainer, model) == compiled
+    assert compile_mode(compose_root("model=tiny", *overrides, "trainer.compile=false").trainer, model) == "off"

@@ -7,7 +7,6 @@ import json
 import math
 import re
 
-import pytest
 import torch
 
 from runtime.checkpoint_io import load_checkpoint_file

@@ -1,0 +1,97 @@
+"""``experiment=k3_small`` training speed on the CPU: the eager reference against the fast path, side by side.
+
+    python -m benchmarks.k3_speed [--batch 32 --seq 256 --rounds 4 --curve-steps 50 --curve-batch 8]
+
+Three ways to run one training step (forward, fp32 loss, backward, Muon with per-head updates, the QB
+bias update), each from the same initial weights, timed in interleaved rounds (one step of each per
+round, order rotated) so background load hits all alike:
+
+* ``eager fp32``: no autocast, no compile;
+* ``eager bf16``: bf16 autocast, no compile -- what ``trainer.compile=auto`` ran for K3 before it compiled
+  models with eager islands (the reference);
+* ``fast``: bf16 autocast, each decoder layer compiled around its eager islands (runtime/compile.py) --
+  what the trainer runs now.
+
+Then the loss curves: ``--curve-steps`` steps of the eager reference and of the fast path from the same
+weights on the same corpus batches, and the largest difference between them (bf16 noise is ~1e-2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchmarks.timing import medians, time_interleaved
+from benchmarks.train_step import compose_root, train_setup
+
+PATHS = {"eager fp32": ("off", "fp32"), "eager bf16": ("off", "bf16"), "fast": ("layers", "bf16")}
+REFERENCE = "eager bf16"
+
+
+def corpus_batches(root, n: int, batch: int, seq: int) -> list[torch.Tensor]:
+    """``n`` training batches ``[batch, seq + 1]`` of the configured dataset (the embedded corpus)."""
+    from components.registry import DATASETS
+
+    root.data.batch_size, root.data.seq_len = batch, seq
+    dataset = DATASETS.build(root.data, root.seed)
+    out = []
+    for i in range(n):
+        x, y = dataset.train_batch(i)  # [batch, seq] each
+        out.append(torch.cat([x, y[:, -1:]], dim=1))  # [batch, seq + 1]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=32, help="sequences per step (k3_small's default 32)")
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=4, help="timed steps of each path")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps of each path first (compilation)")
+    ap.add_argument("--curve-steps", type=int, default=50, help="steps of the loss-curve comparison (0: skip)")
+    ap.add_argument("--curve-batch", type=int, default=8)
+    ap.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of: " + ", ".join(PATHS))
+    ap.add_argument("overrides", nargs="*", help="config overrides after experiment=k3_small")
+    args = ap.parse_args(argv)
+    overrides = ["experiment=k3_small", *args.overrides]
+    names = [n for n in args.paths.split(",") if n]
+    unknown = set(names) - set(PATHS)
+    if unknown:
+        ap.error(f"--paths: unknown {sorted(unknown)}; choose from {', '.join(PATHS)}")
+
+    print(f"k3_small training step on the CPU ({torch.get_num_threads()} threads), batch {args.batch} x {args.seq} tokens; "
+          f"{args.warmup} warmup + {args.rounds} timed steps each, interleaved")
+    ids = corpus_batches(compose_root(overrides), 1, args.batch, args.seq)[0]
+    steps = {}
+    for name in names:
+        compile, precision = PATHS[name]
+        _, step = train_setup(compose_root(overrides), torch.device("cpu"), compile, precision=precision)
+        steps[name] = (lambda s=step: s(ids))
+    t0 = time.perf_counter()
+    sec = medians(time_interleaved(steps, args.rounds, warmup=args.warmup))
+    tokens = args.batch * args.seq
+    ref = sec.get(REFERENCE)
+    print(f"{'path':12s} {'s/step':>8s} {'tokens/s':>9s} {'vs ' + REFERENCE:>14s}")
+    for name in names:
+        ratio = f"{ref / sec[name]:.2f}x" if ref else "-"
+        print(f"{name:12s} {sec[name]:8.3f} {tokens / sec[name]:9,.0f} {ratio:>14s}")
+    print(f"(measured in {time.perf_counter() - t0:.0f} s, compilation included)")
+
+    if args.curve_steps > 0 and REFERENCE in names and "fast" in names:
+        batches = corpus_batches(compose_root(overrides), args.curve_steps, args.curve_batch, args.seq)
+        curves = {}
+        for name in (REFERENCE, "fast"):
+            compile, precision = PATHS[name]
+            _, step = train_setup(compose_root(overrides), torch.device("cpu"), compile, precision=precision)
+            curves[name] = [float(step(b)) for b in batches]
+        diff = [abs(a - b) for a, b in zip(curves[REFERENCE], curves["fast"])]
+        ref_curve, fast_curve = curves[REFERENCE], curves["fast"]
+        print(f"loss curves over {args.curve_steps} steps (batch {args.curve_batch}): {REFERENCE} {ref_curve[0]:.4f} -> {ref_curve[-1]:.4f}, "
+              f"fast {fast_curve[0]:.4f} -> {fast_curve[-1]:.4f}; largest step difference {max(diff):.4f}, "
+              f"mean {sum(diff) / len(diff):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""One training step wired as the trainer wires it, for benchmarks (GPU check, K3 speed on the CPU)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from runtime.compile import compiled_hidden
+
+
+def compose_root(overrides: Sequence[str]) -> Any:
+    """The typed, validated root config of ``overrides`` (as tests/helpers.py composes it)."""
+    from runtime.config import validate
+    from runtime.launch import compose, strip_hydra
+
+    return validate(strip_hydra(compose(list(overrides))))
+
+
+def train_setup(root: Any, device: torch.device, compile: str = "off",
+                prepare: Callable[[torch.nn.Module], None] | None = None, precision: str = "bf16") -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+    """The decoder of ``root`` on ``device`` and a training step ``step(ids [B, T+1]) -> loss``: bf16
+    autocast forward (``precision="fp32"``: none), fp32 cross-entropy plus the balancer's loss, backward, the config's optimizer, the
+    balancer's update (wired as tests/helpers.py::train_steps). ``prepare(model)`` runs before the
+    optimizer is built (sharding). ``compile``: off, model (one graph) or layers (per decoder layer), as
+    runtime/compile.py compiles for the trainer."""
+    import torch.nn.functional as F
+
+    from components.model import Decoder
+    from components.registry import BALANCERS, OPTIMIZERS
+
+    torch.manual_seed(0)
+    model = Decoder(root.decoder_config()).to(device).train()
+    if prepare is not None:
+        prepare(model)
+    balancer = BALANCERS.build(root.balancer)
+    balancer.attach(model)
+    optimizer = OPTIMIZERS.build(root.optimizer, model)
+    hidden = compiled_hidden(model, compile)
+
+    def step(ids: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model.lm_head(hidden(ids[:, :-1]))  # [B, T, vocab]
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+        aux = balancer.aux_loss(model)
+        optimizer.zero_grad(set_to_none=True)
+        (loss if aux is None else loss + aux).backward()
+        optimizer.step()
+        balancer.step(model)
+        return loss.detach()
+
+    return model, step
