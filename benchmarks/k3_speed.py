@@ -25,6 +25,7 @@ import torch
 
 from benchmarks.timing import medians, time_interleaved
 from benchmarks.train_step import compose_root, train_setup
+from runtime.cpu_allocator import keep_freed_memory
 
 PATHS = {"eager fp32": ("off", "fp32"), "eager bf16": ("off", "bf16"), "fast": ("layers", "bf16")}
 REFERENCE = "eager bf16"
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--paths: unknown {sorted(unknown)}; choose from {', '.join(PATHS)}")
 
+    keep_freed_memory()  # as the trainer does on the CPU, for every path alike
     print(f"k3_small training step on the CPU ({torch.get_num_threads()} threads), batch {args.batch} x {args.seq} tokens; "
           f"{args.warmup} warmup + {args.rounds} timed steps each, interleaved")
     ids = corpus_batches(compose_root(overrides), 1, args.batch, args.seq)[0]

@@ -157,11 +157,14 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     from runtime.callbacks.depth_weights import DepthWeights
     from runtime.callbacks.progress import StepProgressBar
     from runtime.callbacks.throughput import Throughput
+    from runtime.cpu_allocator import keep_freed_memory
     from runtime.datamodule import TokenDataModule
     from runtime.lit_module import LanguageModelModule
     from runtime.loggers import build_loggers, default_run_name
 
     L.seed_everything(root.seed, workers=True, verbose=False)
+    if root.trainer.accelerator == "cpu":
+        keep_freed_memory()  # reuse step buffers instead of page-faulting them in again every step
     length = describe_length(root)
     root.trainer.max_steps = training_steps(root)  # a token budget becomes steps; the schedule spans them
     ckpt = resolve_resume(root.ckpt_path, run_dir)

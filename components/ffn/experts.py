@@ -184,10 +184,12 @@ def _padded_bmm_island(xs, w1, w2, w3, act, plan: RoutePlan) -> torch.Tensor:
     # eager inside a compiled layer: the padded width is the largest expert load, known only from the data
     E = w1.shape[0]
     C = plan.cap if plan.cap is not None else int(plan.counts.max()) if plan.counts.numel() else 0
-    buf = xs.new_zeros(E, C, xs.shape[-1])  # [E, C, d_in]
-    buf = buf.index_put((plan.expert_sorted, plan.rank), xs)
+    slot = plan.expert_sorted * C + plan.rank  # [P] row of each pair in the flattened [E * C] buffer
+    # distinct rows: index_copy / index_select (their backwards are a gather and a scatter of distinct
+    # rows), not advanced indexing, whose backward is an accumulating index_put
+    buf = xs.new_zeros(E * C, xs.shape[-1]).index_copy(0, slot, xs).view(E, C, -1)  # [E, C, d_in]
     h = act(torch.bmm(buf, w1.transpose(1, 2)), torch.bmm(buf, w3.transpose(1, 2)))  # [E, C, m]
-    return torch.bmm(h, w2.transpose(1, 2))[plan.expert_sorted, plan.rank]  # [P, d_in]
+    return torch.bmm(h, w2.transpose(1, 2)).flatten(0, 1).index_select(0, slot)  # [P, d_in]
 
 
 def experts_reference(

@@ -84,8 +84,16 @@ def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, prefix: Optiona
     if prefix is None:
         prefix = x.new_zeros(B, W - 1, P)
     xp = torch.cat([prefix.to(x.dtype), x], dim=1)  # [B, W-1+T, P]
-    y = F.conv1d(xp.transpose(1, 2), weight.to(x.dtype), groups=P)  # [B, P, T]
-    return F.silu(y.transpose(1, 2)), xp[:, xp.shape[1] - (W - 1) :]
+    if torch.compiler.is_compiling():
+        # inside a compiled layer: W shifted multiply-adds, which Inductor fuses with the SiLU and the
+        # projections around them (a convolution stays an opaque library call, forward and backward)
+        w = weight.to(x.dtype)[:, 0, :]  # [P, W]
+        y = xp[:, :T] * w[:, 0]
+        for j in range(1, W):
+            y = y + xp[:, j : j + T] * w[:, j]  # [B, T, P]
+    else:
+        y = F.conv1d(xp.transpose(1, 2), weight.to(x.dtype), groups=P).transpose(1, 2)  # [B, T, P]
+    return F.silu(y), xp[:, xp.shape[1] - (W - 1) :]
 
 
 @MIXERS.register("kda", KDAConfig)

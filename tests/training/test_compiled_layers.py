@@ -33,7 +33,25 @@ def test_layer_compiled_k3_matches_eager():
     frames = torch._dynamo.utils.counters["frames"]
     assert frames["ok"] > 0  # dynamo compiled frames (it did not silently run everything eagerly)
     # fp32 both ways: only the order of fused floating-point operations differs
-    assert runs["layers"][0] == pytest.approx(runs["off"][0], abs=2e-4)
+    assert runs["layers"][0][0] == pytest.approx(runs["off"][0][0], abs=1e-5)
+    # later steps: Muon's bf16 Newton-Schulz turns round-off differences of the gradients into ~1e-4 ones
+    assert runs["layers"][0][1:] == pytest.approx(runs["off"][0][1:], abs=2e-3)
     assert runs["layers"][1].keys() == runs["off"][1].keys()
     for name, ref in runs["off"][1].items():
         torch.testing.assert_close(runs["layers"][1][name], ref, atol=1e-5, rtol=1e-3, msg=name)
+
+
+def test_kda_short_convolution_compiled_form_equals_conv1d():
+    """Inside a compiled layer the causal depthwise convolution is written as shifted multiply-adds; it must
+    equal the conv1d form, with and without a cached prefix, and pass the same cache on."""
+    from components.mixers.kda import causal_depthwise_conv
+
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 9, 6, generator=gen, dtype=torch.float64), torch.randn(6, 1, 4, generator=gen, dtype=torch.float64)
+    prefix = torch.randn(2, 3, 6, generator=gen, dtype=torch.float64)
+    compiled = torch.compile(causal_depthwise_conv, dynamic=False)
+    for pre in (None, prefix):
+        y_ref, cache_ref = causal_depthwise_conv(x, w, pre)
+        y, cache = compiled(x, w, pre)
+        torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(cache, cache_ref, rtol=0, atol=0)
