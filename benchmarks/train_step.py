@@ -18,7 +18,8 @@ def compose_root(overrides: Sequence[str]) -> Any:
 
 
 def train_setup(root: Any, device: torch.device, compile: str = "off",
-                prepare: Callable[[torch.nn.Module], None] | None = None, precision: str = "bf16") -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+                prepare: Callable[[torch.nn.Module], None] | None = None, precision: str = "bf16",
+                compile_backend: str = "inductor") -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """The decoder of ``root`` on ``device`` and a training step ``step(ids [B, T+1]) -> loss``: bf16
     autocast forward (``precision="fp32"``: none), fp32 cross-entropy plus the balancer's loss, backward, the config's optimizer, the
     balancer's update (wired as tests/helpers.py::train_steps). ``prepare(model)`` runs before the
@@ -36,7 +37,7 @@ def train_setup(root: Any, device: torch.device, compile: str = "off",
     balancer = BALANCERS.build(root.balancer)
     balancer.attach(model)
     optimizer = OPTIMIZERS.build(root.optimizer, model)
-    hidden = compiled_hidden(model, compile)
+    hidden = compiled_hidden(model, compile, compile_backend)
 
     def step(ids: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):

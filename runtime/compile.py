@@ -42,13 +42,14 @@ def distinct_layer_kinds(model: Decoder) -> int:
     return len(kinds) * (len(model.layers) + 1)
 
 
-def compiled_hidden(model: Decoder, mode: str) -> Callable[..., torch.Tensor]:
+def compiled_hidden(model: Decoder, mode: str, backend: str = "inductor") -> Callable[..., torch.Tensor]:
     """The model's hidden-state function under ``mode``. ``layers`` compiles each layer in place
-    (``nn.Module.compile``: parameter and state-dict names are unchanged)."""
+    (``nn.Module.compile``: parameter and state-dict names are unchanged). ``backend`` is torch.compile's
+    (tests use ``aot_eager``: the same graphs, breaks and autograd, without generating kernels)."""
     if mode == "off":
         return model.hidden_states
     if mode == "model":
-        return torch.compile(model.hidden_states, dynamic=False)
+        return torch.compile(model.hidden_states, dynamic=False, backend=backend)
     if mode != "layers":
         raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
     # each graph break inside a layer leaves a resume function whose guards see the layer's kind; allow
@@ -56,5 +57,5 @@ def compiled_hidden(model: Decoder, mode: str) -> Callable[..., torch.Tensor]:
     limit = distinct_layer_kinds(model) + 8
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
     for layer in model.layers:
-        layer.compile(dynamic=False)
+        layer.compile(dynamic=False, backend=backend)
     return model.hidden_states

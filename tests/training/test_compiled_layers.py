@@ -17,13 +17,20 @@ pytestmark = pytest.mark.skipif(not any(shutil.which(cc) for cc in ("c++", "g++"
                                 reason="TorchInductor's CPU back-end needs a C++ compiler")
 
 
-def test_layer_compiled_k3_matches_eager():
-    overrides = ["experiment=k3_tiny", "data.seq_len=32"]
+@pytest.mark.parametrize("backend", [
+    # Dynamo's graphs, breaks around the eager islands and AOT autograd, without kernel generation: seconds
+    "aot_eager",
+    # what the trainer runs (Inductor's generated CPU kernels): about a minute of compilation
+    pytest.param("inductor", marks=pytest.mark.slow),
+])
+def test_layer_compiled_k3_matches_eager(backend):
+    # two layers of k3_tiny's plan: KDA with the dense FFN, then MLA with Stable LatentMoE, QB and block AttnRes
+    overrides = ["experiment=k3_tiny", "model.n_layers=2", "data.seq_len=32"]
     ids = [torch.randint(0, 257, (2, 33), generator=torch.Generator().manual_seed(i)) for i in range(3)]
     runs = {}
     torch._dynamo.reset()
     for mode in ("off", "layers"):
-        model, step = train_setup(compose_root(*overrides), torch.device("cpu"), mode, precision="fp32")
+        model, step = train_setup(compose_root(*overrides), torch.device("cpu"), mode, precision="fp32", compile_backend=backend)
         losses = [float(step(ids[0]))]
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}  # the first step's
         losses += [float(step(b)) for b in ids[1:]]
