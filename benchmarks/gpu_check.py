@@ -60,7 +60,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # also runnable as a script
 
 from benchmarks.timing import medians, time_interleaved
-from benchmarks.train_step import compose_root, train_setup
+from benchmarks.train_step import train_setup
+from runtime.launch import validate_overrides
 
 GOAL_MOE_VS_DENSE = 1.3
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False"
@@ -488,7 +489,7 @@ def peak_flops(ctx: Context) -> tuple[float, str]:
 def check_train(key: str, overrides: Sequence[str], B: int, T: int, warmup: int, steps: int,
                 compile: bool = False) -> Callable[[Context, Row], None]:
     def run(ctx: Context, row: Row) -> None:
-        root = compose_root(overrides)
+        root = validate_overrides(list(overrides))
         from components.model import build_on_meta
 
         unfriendly = build_on_meta(root.decoder_config()).compile_unfriendly()
@@ -531,7 +532,7 @@ def check_fsdp2(overrides: Sequence[str], B: int, T: int, tol: float) -> Callabl
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        root = compose_root(overrides)
+        root = validate_overrides(list(overrides))
         created = not dist.is_initialized()
         if created:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

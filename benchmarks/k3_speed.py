@@ -24,7 +24,8 @@ import time
 import torch
 
 from benchmarks.timing import medians, time_interleaved
-from benchmarks.train_step import compose_root, train_setup
+from benchmarks.train_step import train_setup
+from runtime.launch import validate_overrides
 from runtime.cpu_allocator import keep_freed_memory
 
 PATHS = {"eager fp32": ("off", "fp32"), "eager bf16": ("off", "bf16"), "fast": ("layers", "bf16")}
@@ -64,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # as the trainer does on the CPU, for every path alike
     print(f"k3_small training step on the CPU ({torch.get_num_threads()} threads), batch {args.batch} x {args.seq} tokens; "
           f"{args.warmup} warmup + {args.rounds} timed steps each, interleaved")
-    ids = corpus_batches(compose_root(overrides), 1, args.batch, args.seq)[0]
+    ids = corpus_batches(validate_overrides(list(overrides)), 1, args.batch, args.seq)[0]
     steps = {}
     for name in names:
         compile, precision = PATHS[name]
-        _, step = train_setup(compose_root(overrides), torch.device("cpu"), compile, precision=precision)
+        _, step = train_setup(validate_overrides(list(overrides)), torch.device("cpu"), compile, precision=precision)
         steps[name] = (lambda s=step: s(ids))
     t0 = time.perf_counter()
     sec = medians(time_interleaved(steps, args.rounds, warmup=args.warmup))
@@ -81,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(measured in {time.perf_counter() - t0:.0f} s, compilation included)")
 
     if args.curve_steps > 0 and REFERENCE in names and "fast" in names:
-        batches = corpus_batches(compose_root(overrides), args.curve_steps, args.curve_batch, args.seq)
+        batches = corpus_batches(validate_overrides(list(overrides)), args.curve_steps, args.curve_batch, args.seq)
         curves = {}
         for name in (REFERENCE, "fast"):
             compile, precision = PATHS[name]
-            _, step = train_setup(compose_root(overrides), torch.device("cpu"), compile, precision=precision)
+            _, step = train_setup(validate_overrides(list(overrides)), torch.device("cpu"), compile, precision=precision)
             curves[name] = [float(step(b)) for b in batches]
         diff = [abs(a - b) for a, b in zip(curves[REFERENCE], curves["fast"])]
         ref_curve, fast_curve = curves[REFERENCE], curves["fast"]

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 
 from runtime.compile import compiled_hidden
-
-
-def compose_root(overrides: Sequence[str]) -> Any:
-    """The typed, validated root config of ``overrides`` (as tests/helpers.py composes it)."""
-    from runtime.config import validate
-    from runtime.launch import compose, strip_hydra
-
-    return validate(strip_hydra(compose(list(overrides))))
 
 
 def train_setup(root: Any, device: torch.device, compile: str = "off",

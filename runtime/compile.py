@@ -23,6 +23,11 @@ from components.model import Decoder
 COMPILE_MODES = ("off", "model", "layers")
 
 
+def has_cpp_compiler() -> bool:
+    """Whether TorchInductor's CPU back-end can build kernels here (a C++ compiler on PATH)."""
+    return any(shutil.which(cc) for cc in ("c++", "g++", "clang++"))
+
+
 def compile_mode(trainer_cfg: Any, model: Decoder) -> str:
     """``trainer.compile`` (true / false / auto) resolved for this model: ``off``, ``model`` (one graph)
     or ``layers`` (one region per decoder layer, for models with eager islands). ``auto`` compiles on a
@@ -30,7 +35,7 @@ def compile_mode(trainer_cfg: Any, model: Decoder) -> str:
     choice = str(trainer_cfg.compile).lower()
     if choice == "false":
         return "off"
-    if choice == "auto" and trainer_cfg.accelerator not in ("gpu", "cuda") and not any(shutil.which(cc) for cc in ("c++", "g++", "clang++")):
+    if choice == "auto" and trainer_cfg.accelerator not in ("gpu", "cuda") and not has_cpp_compiler():
         return "off"
     return "layers" if model.compile_unfriendly() else "model"
 

@@ -3,12 +3,10 @@ KDA and routed FFNs; explicit choices win."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from components.model import Decoder
-from runtime.compile import compile_mode
+from runtime.compile import compile_mode, has_cpp_compiler
 from tests.helpers import compose_root
 
 
@@ -22,7 +20,7 @@ def test_compile_mode_follows_components(overrides, unfriendly):
     root = compose_root("model=tiny", *overrides, "trainer.compile=auto")
     model = Decoder(root.decoder_config())
     assert model.compile_unfriendly() == unfriendly
-    has_compiler = any(shutil.which(cc) for cc in ("c++", "g++", "clang++"))
+    has_compiler = has_cpp_compiler()
     compiled = "layers" if unfriendly else "model"
     assert compile_mode(root.trainer, model) == (compiled if has_compiler else "off")
     assert compile_mode(compose_root("model=tiny", *overrides, "trainer.compile=true").trainer, model) == compiled

@@ -4,16 +4,15 @@ gradients, on a tiny K3 in fp32."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 import torch._dynamo
 
 from benchmarks.train_step import train_setup
+from runtime.compile import has_cpp_compiler
 from tests.helpers import compose_root
 
-pytestmark = pytest.mark.skipif(not any(shutil.which(cc) for cc in ("c++", "g++", "clang++")),
+pytestmark = pytest.mark.skipif(not has_cpp_compiler(),
                                 reason="TorchInductor's CPU back-end needs a C++ compiler")
 
 
