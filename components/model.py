@@ -4,6 +4,10 @@ Which mixer and FFN each layer holds comes from the layer plan; how sublayer out
 depth is the residual scheme's business (plain sum, or attention over depth). The decoder is built from
 its own config (``components.config.DecoderConfig``) and calls its components only through their
 contracts (``components/{mixers,ffn,residual}/base.py``).
+
+Document masking: ``segments`` (``components.nn.segments.Segments``) reaches every mixer, which keeps
+the documents of a row apart. FFNs and residual schemes work per token (the schemes mix over depth
+only), so they need nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from components.layer_plan import LayerSpec
 from components.mixers.base import Mixer
 from components.nn.recompute import checkpointed
 from components.nn.rmsnorm import RMSNorm
+from components.nn.segments import Segments
 from components.residual.base import ResidualScheme
 from components.registry import FFNS, MIXERS, RESIDUALS
 
@@ -39,19 +44,24 @@ class DecoderLayer(nn.Module):
         # a plain attribute, so parameter and state-dict names stay the same
         self.activation_checkpointing = False
 
-    def forward(self, state: Any, residual: ResidualScheme, mixer_state: Any = None, offset: int = 0) -> Any:
+    def forward(self, state: Any, residual: ResidualScheme, mixer_state: Any = None, offset: int = 0,
+                segments: Optional[Segments] = None) -> Any:
         """Both sublayers on the residual scheme's ``state`` (one call, so wrappers such as FSDP2 that
         hook a module's forward see the whole layer). With ``activation_checkpointing`` the two sublayers
         run checkpointed inside this call: FSDP2's hooks stay outside, so the parameters it gathers for
-        backward are there when the layer is recomputed."""
+        backward are there when the layer is recomputed. ``segments``: documents of the rows (or None)."""
         if self.activation_checkpointing and self.training and torch.is_grad_enabled() and mixer_state is None:
-            return checkpointed(self._sublayers, state, residual, offset)
-        return self._sublayers(state, residual, offset, mixer_state)
+            return checkpointed(self._sublayers, state, residual, offset, None, segments)
+        return self._sublayers(state, residual, offset, mixer_state, segments)
 
-    def _sublayers(self, state: Any, residual: ResidualScheme, offset: int = 0, mixer_state: Any = None) -> Any:
+    def _sublayers(self, state: Any, residual: ResidualScheme, offset: int = 0, mixer_state: Any = None,
+                   segments: Optional[Segments] = None) -> Any:
         s = 2 * self.index
         x = residual.read(state, s, self.mixer_norm)
-        state = residual.write(state, s, self.mixer(x, state=mixer_state, offset=offset))
+        # segments only when there are some: a mixer written before document masking still runs without
+        mixed = self.mixer(x, state=mixer_state, offset=offset) if segments is None else \
+            self.mixer(x, state=mixer_state, offset=offset, segments=segments)
+        state = residual.write(state, s, mixed)
         x = residual.read(state, s + 1, self.ffn_norm)
         return residual.write(state, s + 1, self.ffn(x))
 
@@ -88,20 +98,25 @@ class Decoder(nn.Module):
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.layers))
 
-    def hidden_states(self, input_ids: torch.Tensor, cache: Optional[DecoderCache] = None) -> torch.Tensor:
-        """Final-normed hidden states ``[B, T, d]``."""
+    def hidden_states(self, input_ids: torch.Tensor, cache: Optional[DecoderCache] = None,
+                      segments: Optional[Segments] = None) -> torch.Tensor:
+        """Final-normed hidden states ``[B, T, d]``. ``segments``: the documents of each row (document
+        masking: no token sees another document); None: one document per row."""
         B, T = input_ids.shape
+        if segments is not None and tuple(segments.shape) != (B, T):
+            raise ValueError(f"segments are {tuple(segments.shape)}, input_ids {(B, T)}")
         offset = cache.seq_len if cache is not None else 0
         state = self.residual.start(self.embed(input_ids))  # embedding: [B, T, d]
         for layer in self.layers:
             mixer_state = cache.layer(layer.index, layer.mixer, B) if cache is not None else None
-            state = layer(state, self.residual, mixer_state, offset)
+            state = layer(state, self.residual, mixer_state, offset, segments)
         if cache is not None:
             cache.seq_len += T
         return self.residual.finish(state, self.norm)
 
-    def forward(self, input_ids: torch.Tensor, cache: Optional[DecoderCache] = None) -> torch.Tensor:
-        return self.lm_head(self.hidden_states(input_ids, cache))
+    def forward(self, input_ids: torch.Tensor, cache: Optional[DecoderCache] = None,
+                segments: Optional[Segments] = None) -> torch.Tensor:
+        return self.lm_head(self.hidden_states(input_ids, cache, segments))
 
     # -- accounting -------------------------------------------------------------------------------
     def num_params(self, exclude_embedding: bool = False) -> int:

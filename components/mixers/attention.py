@@ -1,7 +1,8 @@
 """Softmax attention with ``n_kv_heads`` key/value heads: MHA (= n_heads), GQA (between), MQA (= 1).
 
 One implementation, three registry names so that ``mixer=mqa`` reads naturally; RoPE or NoPE; causal
-``F.scaled_dot_product_attention``; a K/V cache for incremental decoding.
+``F.scaled_dot_product_attention``; a K/V cache for incremental decoding. With document segments the
+causal mask is also block-diagonal over documents (RoPE is relative: positions need not restart).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from components.nn.rope import apply_rope, rope_cos_sin
 from components.config import ComponentConfig
 from components.mixers.base import Mixer
 from components.nn.matrix_layout import MatrixLayout
+from components.nn.segments import Segments
 from components.registry import MIXERS, ConfigError
 
 
@@ -120,7 +122,9 @@ class Attention(Mixer):
     def new_cache(self, batch_size: int) -> KVCache:
         return KVCache()
 
-    def forward(self, x: torch.Tensor, state: Optional[KVCache] = None, offset: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: Optional[KVCache] = None, offset: int = 0, segments: Optional[Segments] = None) -> torch.Tensor:
+        if segments is not None and state is not None:
+            raise ValueError("attention: document segments are for whole windows, not for decoding from a cache")
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
@@ -137,7 +141,9 @@ class Attention(Mixer):
             rep = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        if S == T:
+        if segments is not None:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=segments.attention_mask())  # [B, 1, T, T]: causal, same document
+        elif S == T:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         elif T == 1:
             o = F.scaled_dot_product_attention(q, k, v)  # one new token sees every cached one

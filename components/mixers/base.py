@@ -4,6 +4,14 @@ A mixer maps the pre-normed sublayer input ``x [B, T, d]`` to ``[B, T, d]``, cau
 depends on inputs 0..t only. For incremental decoding it owns the layout of its per-layer cache: the
 decoder asks ``new_cache(batch_size)`` once and passes that object back on every later call, with
 ``offset`` the absolute position of the first of the T new tokens.
+
+Document masking: ``segments`` (``components.nn.segments.Segments``, or None) says which positions of
+each row belong to the same document (training windows cut from a stream of documents). With it, output
+t depends only on inputs of t's own document at or before t: attention is masked to the document,
+recurrent states and convolution windows restart at each document start. ``segments=None`` means one
+document per row (the behaviour without document masking, unchanged). The decoder passes ``segments``
+only when it has some (``segments=None`` is not passed), and never together with a decoding ``state``;
+a mixer may refuse that combination with ``ValueError``.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from typing import Any, Optional
 
 import torch
 
+from components.nn.segments import Segments
 from components.nn.sublayer import Sublayer
 
 
@@ -22,8 +31,9 @@ class Mixer(Sublayer):
     init scale of the projection that writes the residual stream (None: ``init_std``).
     """
 
-    def forward(self, x: torch.Tensor, state: Any = None, offset: int = 0) -> torch.Tensor:
-        """``x [B, T, d]`` -> ``[B, T, d]``; ``state`` (from ``new_cache``) is updated in place."""
+    def forward(self, x: torch.Tensor, state: Any = None, offset: int = 0, segments: Optional[Segments] = None) -> torch.Tensor:
+        """``x [B, T, d]`` -> ``[B, T, d]``; ``state`` (from ``new_cache``) is updated in place;
+        ``segments`` (``[B, T]`` documents, or None: one per row) keeps the documents apart."""
         raise NotImplementedError
 
     def new_cache(self, batch_size: int) -> Any:

@@ -8,6 +8,10 @@ token for decoding) -> per-head RMSNorm times sigmoid output gate -> o_proj.
 The recurrent state is fixed-size ([H, K, V] per sequence), so decoding caches that state plus the last
 ``conv_size - 1`` inputs of each convolution. Parameter names and shapes follow the K3 reference
 checkpoint (docs/k3.md §2.1), so a reference state dict loads without renaming.
+
+Document segments (training windows of packed documents): the short convolutions add only inputs of the
+token's own document, and the recurrent state restarts at every document start (the torch kernel resets
+it at chunk boundaries, fla's kernels take the documents as variable-length sequences).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from components.ops.kda import chunk_kda, kda_gate, l2norm, recurrent_kda
 from components.config import ComponentConfig
 from components.mixers.base import Mixer
 from components.nn.matrix_layout import MatrixLayout
+from components.nn.segments import Segments
 from components.registry import MIXERS, ConfigError
 
 @dataclass
@@ -73,24 +78,36 @@ class KDACache:
         self.conv_v: Optional[torch.Tensor] = None
 
 
-def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, prefix: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, prefix: Optional[torch.Tensor],
+                          segments: Optional[Segments] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """SiLU(causal depthwise conv) of ``x [B, T, P]`` with kernel ``[P, 1, W]``; returns (y, new prefix).
 
     ``prefix`` holds the previous ``W-1`` inputs (zeros at the start of a sequence); the returned
     prefix is the last ``W-1`` inputs including ``x``, i.e. the conv cache after these tokens.
+    ``segments``: input t-s adds to output t only if it is in t's document (no prefix then).
     """
     B, T, P = x.shape
     W = weight.shape[-1]
     if prefix is None:
         prefix = x.new_zeros(B, W - 1, P)
     xp = torch.cat([prefix.to(x.dtype), x], dim=1)  # [B, W-1+T, P]
-    if torch.compiler.is_compiling():
+
+    def tap(j: int) -> torch.Tensor:
+        # the inputs weighted by w[:, j]: x[t - s] for output t, s = W-1-j
+        shifted = xp[:, j : j + T]  # [B, T, P]
+        s = W - 1 - j
+        if segments is None or s == 0:
+            return shifted
+        return shifted * segments.same_segment_as_shifted(s)  # [B, T, 1] mask: other documents add 0
+
+    if torch.compiler.is_compiling() or segments is not None:
         # inside a compiled layer: W shifted multiply-adds, which Inductor fuses with the SiLU and the
-        # projections around them (a convolution stays an opaque library call, forward and backward)
+        # projections around them (a convolution stays an opaque library call, forward and backward);
+        # with documents, each shifted term is masked, which a convolution cannot do
         w = weight.to(x.dtype)[:, 0, :]  # [P, W]
-        y = xp[:, :T] * w[:, 0]
+        y = tap(0) * w[:, 0]
         for j in range(1, W):
-            y = y + xp[:, j : j + T] * w[:, j]  # [B, T, P]
+            y = y + tap(j) * w[:, j]  # [B, T, P]
     else:
         y = F.conv1d(xp.transpose(1, 2), weight.to(x.dtype), groups=P).transpose(1, 2)  # [B, T, P]
     return F.silu(y), xp[:, xp.shape[1] - (W - 1) :]
@@ -164,12 +181,14 @@ class KimiDeltaAttention(Mixer):
         return resolve("kda", self.cfg.backend, x.device) == "fla"
 
     # -- forward ----------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, state: Optional[KDACache] = None, offset: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: Optional[KDACache] = None, offset: int = 0, segments: Optional[Segments] = None) -> torch.Tensor:
+        if segments is not None and state is not None:
+            raise ValueError("kda: document segments are for whole windows, not for decoding from a cache")
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
-        q, cq = causal_depthwise_conv(self.q_proj(x), self.q_conv1d.weight, state.conv_q if state else None)
-        k, ck = causal_depthwise_conv(self.k_proj(x), self.k_conv1d.weight, state.conv_k if state else None)
-        v, cv = causal_depthwise_conv(self.v_proj(x), self.v_conv1d.weight, state.conv_v if state else None)
+        q, cq = causal_depthwise_conv(self.q_proj(x), self.q_conv1d.weight, state.conv_q if state else None, segments)
+        k, ck = causal_depthwise_conv(self.k_proj(x), self.k_conv1d.weight, state.conv_k if state else None, segments)
+        v, cv = causal_depthwise_conv(self.v_proj(x), self.v_conv1d.weight, state.conv_v if state else None, segments)
         q = l2norm(q.view(B, T, H, K))  # [B, T, H, K]
         k = l2norm(k.view(B, T, H, K))  # [B, T, H, K]
         v = v.view(B, T, H, K)  # [B, T, H, V]
@@ -180,7 +199,7 @@ class KimiDeltaAttention(Mixer):
         initial = state.state if state is not None else None
         want_state = state is not None
         if self.use_fla(x):
-            o, final = self._fla_core(q, k, v, g, beta, initial, want_state)
+            o, final = self._fla_core(q, k, v, g, beta, initial, want_state, segments)
         else:
             # the core computes in fp32 itself; autocast would hand its in-place products bf16 operands
             with torch.autocast(device_type=x.device.type, enabled=False):
@@ -188,7 +207,8 @@ class KimiDeltaAttention(Mixer):
                     # a few decode steps: the plain recurrence is cheaper than setting up chunks
                     o, final = recurrent_kda(q, k, v, g, beta, initial_state=initial, output_final_state=True)
                 else:
-                    o, final = chunk_kda(q, k, v, g, beta, initial_state=initial, output_final_state=want_state, chunk_size=self.cfg.chunk_size)
+                    o, final = chunk_kda(q, k, v, g, beta, initial_state=initial, output_final_state=want_state,
+                                         chunk_size=self.cfg.chunk_size, segments=segments)
         if state is not None:
             state.state, state.conv_q, state.conv_k, state.conv_v = final, cq, ck, cv
 
@@ -201,9 +221,17 @@ class KimiDeltaAttention(Mixer):
     def _fp32_or_wider(x: torch.Tensor) -> torch.dtype:
         return torch.promote_types(x.dtype, torch.float32)
 
-    def _fla_core(self, q, k, v, g, beta, initial, want_state):
+    def _fla_core(self, q, k, v, g, beta, initial, want_state, segments=None):
         from fla.ops.kda import chunk_kda as fla_chunk_kda
         from fla.ops.kda import fused_recurrent_kda
+
+        if segments is not None:
+            # fla's variable-length form: the rows flattened to one sequence, cut at every document
+            # and row start; each piece starts from a zero state
+            B, T = q.shape[:2]
+            flat = [t.reshape(1, B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]  # [1, B*T, ...]
+            o, _ = fla_chunk_kda(*flat, cu_seqlens=segments.cu_seqlens())
+            return o.view(B, T, *o.shape[2:]), None
 
         if initial is not None and q.shape[1] == 1 and not torch.is_grad_enabled():
             return fused_recurrent_kda(q, k, v, g, beta, initial_state=initial, output_final_state=want_state)

@@ -10,6 +10,8 @@ Two computation orders give the same result:
 * absorbed (decoding): ``q_hat = U^K^T q^c`` scores against the cached latent, aggregation stays in latent
   space, ``U^V`` is applied afterwards. The cache holds only ``c`` and ``k^r``: ``kv_lora + rope`` numbers
   per token and layer.
+
+With document segments both orders mask the scores to the query's own document as well.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from components.nn.rope import apply_rope, rope_cos_sin
 from components.config import ComponentConfig
 from components.mixers.base import Mixer
 from components.nn.matrix_layout import MatrixLayout
+from components.nn.segments import Segments
 from components.registry import MIXERS, ConfigError
 
 ORDERS = ("expanded", "absorbed")
@@ -171,9 +174,13 @@ class MLA(Mixer):
         return w[:, : self.nope_dim], w[:, self.nope_dim :]
 
     # -- forward ----------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, state: Optional[MLACache] = None, offset: int = 0, order: Optional[str] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: Optional[MLACache] = None, offset: int = 0, segments: Optional[Segments] = None,
+                order: Optional[str] = None) -> torch.Tensor:
         """``x`` ``[B, T, d]`` -> ``[B, T, d]``. ``order`` forces "expanded" or "absorbed"; None: absorbed
-        when decoding from a cache (if ``absorbed_decode``), expanded otherwise."""
+        when decoding from a cache (if ``absorbed_decode``), expanded otherwise. ``segments``: attend
+        within each document only (not with a cache)."""
+        if segments is not None and state is not None:
+            raise ValueError("mla: document segments are for whole windows, not for decoding from a cache")
         if order is None:
             order = "absorbed" if state is not None and self.cfg.absorbed_decode else "expanded"
         if order not in ORDERS:
@@ -197,18 +204,21 @@ class MLA(Mixer):
             c, kr = state.append(c_new, kr_new)  # [B, S, kv_lora], [B, S, rope]; S = past + T
         else:
             c, kr = c_new, kr_new
+        mask = segments.attention_mask() if segments is not None else None  # [B, 1, T, T]
         if order == "expanded":
-            o = self._expanded(qc, qr, c, kr)
+            o = self._expanded(qc, qr, c, kr, mask)
         else:
-            o = self._absorbed(qc, qr, c, kr)
+            o = self._absorbed(qc, qr, c, kr, mask)
         o = o.transpose(1, 2).reshape(B, T, H * self.v_head_dim)  # [B, T, H*v]
         if self.cfg.output_gate:
             # elementwise and input dependent: this is why U^V cannot be folded into o_proj
             o = o * torch.sigmoid(self.g_proj(x))
         return self.o_proj(o)
 
-    def _expanded(self, qc: torch.Tensor, qr: torch.Tensor, c: torch.Tensor, kr: torch.Tensor) -> torch.Tensor:
-        """Per-head K/V from the latent, causal SDPA. Returns ``[B, H, T, v]``."""
+    def _expanded(self, qc: torch.Tensor, qr: torch.Tensor, c: torch.Tensor, kr: torch.Tensor,
+                  doc_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Per-head K/V from the latent, causal SDPA (``doc_mask [B, 1, T, T]``: causal and same
+        document, instead). Returns ``[B, H, T, v]``."""
         B, H, T, _ = qc.shape
         S = c.shape[1]
         kv = self.kv_b_proj(c).view(B, S, H, self.nope_dim + self.v_head_dim).transpose(1, 2)  # [B, H, S, nope+v]
@@ -216,6 +226,8 @@ class MLA(Mixer):
         k = torch.cat([kc, kr[:, None].expand(B, H, S, self.rope_dim)], dim=-1)  # [B, H, S, d_qk]
         q = torch.cat([qc, qr], dim=-1)  # [B, H, T, d_qk]
         # SDPA accepts a value head dim different from d_qk; no padding of V needed
+        if doc_mask is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=doc_mask, scale=self.scale)
         if S == T:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         if T == 1:
@@ -223,15 +235,19 @@ class MLA(Mixer):
         mask = _causal_mask(T, S, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
 
-    def _absorbed(self, qc: torch.Tensor, qr: torch.Tensor, c: torch.Tensor, kr: torch.Tensor) -> torch.Tensor:
-        """Scores and aggregation in latent space (docs/k3.md §3.3). Returns ``[B, H, T, v]``."""
+    def _absorbed(self, qc: torch.Tensor, qr: torch.Tensor, c: torch.Tensor, kr: torch.Tensor,
+                  doc_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Scores and aggregation in latent space (docs/k3.md §3.3); ``doc_mask`` as in ``_expanded``.
+        Returns ``[B, H, T, v]``."""
         T, S = qc.shape[2], c.shape[1]
         uk, uv = self.up_projections()  # [H, nope, kv_lora], [H, v, kv_lora]
         q_hat = torch.einsum("bhtn,hnr->bhtr", qc, uk)  # [B, H, T, kv_lora]: U^K absorbed into the query
         logits = torch.einsum("bhtr,bsr->bhts", q_hat, c) + torch.einsum("bhtd,bsd->bhts", qr, kr)  # [B, H, T, S]
         # softmax in (at least) fp32, as the K3 eager reference does
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) * self.scale
-        if T > 1:
+        if doc_mask is not None:
+            logits = logits.masked_fill(~doc_mask, float("-inf"))
+        elif T > 1:
             logits = logits.masked_fill(~_causal_mask(T, S, logits.device), float("-inf"))
         probs = torch.softmax(logits, dim=-1).to(c.dtype)
         o_lat = torch.einsum("bhts,bsr->bhtr", probs, c)  # [B, H, T, kv_lora]: aggregate the latent

@@ -13,6 +13,10 @@ form (docs/k3.md §2.5) with a hand-written backward, for training-length sequen
 references: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]`` (HV a multiple of H); g ``[B, T, HV, K]``
 already gated; beta ``[B, T, HV]`` post-sigmoid; states ``[B, HV, K, V]``; q/k are not
 L2-normalised here. Math runs in fp32 (fp64 for fp64 inputs); ``o`` comes back in v's dtype.
+
+Document masking: both take ``segments`` (``components.nn.segments.Segments`` of the ``[B, T]`` rows);
+the state restarts from zero at every document start, so no document sees another. ``chunk_kda`` lays
+each document out to start on a chunk boundary and resets the state entering such chunks.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+
+from components.nn.segments import Segments
 
 __all__ = ["chunk_kda", "kda_gate", "l2norm", "recurrent_kda"]
 
@@ -68,6 +74,15 @@ def kda_gate(
     return lower_bound * torch.sigmoid(x if a is None else a * x)
 
 
+def _check_segments(segments: Segments | None, q: torch.Tensor, initial_state: torch.Tensor | None) -> None:
+    if segments is None:
+        return
+    if tuple(segments.shape) != tuple(q.shape[:2]):
+        raise ValueError(f"segments are {tuple(segments.shape)}, the inputs [B, T] = {tuple(q.shape[:2])}")
+    if initial_state is not None:
+        raise ValueError("segments describe whole documents, which start from a zero state: no initial_state")
+
+
 def _expand_heads(q: torch.Tensor, k: torch.Tensor, hv: int) -> tuple[torch.Tensor, torch.Tensor]:
     # grouped value heads (HV = G * H): each q/k head serves G consecutive value heads
     h = q.shape[2]
@@ -87,11 +102,14 @@ def recurrent_kda(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
+    segments: Segments | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token-by-token KDA recurrence (docs/k3.md §2.4): the slow, obviously-correct reference.
 
     Differentiable through plain autograd. Returns ``(o [B, T, HV, V], S [B, HV, K, V] or None)``.
+    ``segments``: the state is zeroed before every document's first token (no ``initial_state`` then).
     """
+    _check_segments(segments, q, initial_state)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     scale = K**-0.5 if scale is None else scale
@@ -108,9 +126,13 @@ def recurrent_kda(
     if T == 0:
         return v.new_zeros(B, 0, HV, V, dtype=out_dtype), (S.clone() if output_final_state else None)
     outs = []
+    # keep_t = 0 where a document starts: the state entering it is dropped
+    keep = (~segments.starts).to(dt).unbind(1) if segments is not None else [None] * T  # T x [B]
     # unbind once: indexing x[:, t] inside the loop would make autograd scatter a full-size
     # gradient per step (quadratic in T)
-    for q_t, k_t, v_t, a_t, b_t in zip(q.unbind(1), k.unbind(1), v.unbind(1), alpha.unbind(1), beta.unbind(1)):
+    for q_t, k_t, v_t, a_t, b_t, keep_t in zip(q.unbind(1), k.unbind(1), v.unbind(1), alpha.unbind(1), beta.unbind(1), keep):
+        if keep_t is not None:
+            S = S * keep_t[:, None, None, None]
         S = S * a_t.unsqueeze(-1)  # decay: rows are key channels
         pred = (k_t.unsqueeze(-2) @ S).squeeze(-2)  # [B, HV, V]  S^T k
         u = b_t.unsqueeze(-1) * (v_t - pred)  # [B, HV, V]
@@ -366,10 +388,13 @@ class _ChunkKDA(torch.autograd.Function):
     The forward keeps the per-chunk states and delta-rule errors; the backward runs the state
     hand-off in reverse (one short loop over chunks) and gets every other gradient from batched
     matmuls over all chunks, without an autograd graph of the intermediates.
+
+    ``resets [B, T]`` (bool, or None): True at a chunk's first token zeroes the state entering that
+    chunk (a document starts there); True only at multiples of ``chunk_size``.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state):
+    def forward(ctx, q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, resets=None):
         B, T, H, K = q.shape
         V = v.shape[-1]
         dt = _compute_dtype(q, k, v, g, beta, initial_state)
@@ -391,21 +416,33 @@ class _ChunkKDA(torch.autograd.Function):
         W = torch.bmm(Tm, kgb)  # [Z, C, K]
         U = torch.bmm(Tm, vc * bc).view(N, BH, C, V)  # U0 for now; the hand-off subtracts W S
 
+        # keep[n] = 0 where a document starts at chunk n: the state entering it is zeroed
+        keep = None
+        if resets is not None:
+            # the chunk size may have been halved: resets at multiples of chunk_size stay chunk starts
+            keep = (~resets[:, ::C]).to(dt).t()  # [N, B]
+            keep = keep[:, :, None].expand(N, B, H).reshape(N, BH, 1, 1)
+
         # sequential hand-off over chunks
         Sst = qc.new_empty(N + 1, BH, K, V)  # state entering each chunk, then the final one
         if initial_state is None:
             Sst[0].zero_()
         else:
             Sst[0].copy_(initial_state.reshape(BH, K, V))
+        if keep is not None:
+            Sst[0].mul_(keep[0])
         per_chunk = lambda x: x.unflatten(0, (N, BH)).unbind(0)  # noqa: E731
         steps = zip(per_chunk(W), per_chunk(gam.transpose(-1, -2)), per_chunk(kd.transpose(-1, -2)),
                     U.unbind(0), Sst[:N].unbind(0), Sst[1:].unbind(0))
         # in-place baddbmm_ / elementwise out= only: an out-of-place baddbmm copies its input
         # first and does not use the second core at these sizes
-        for W_n, gam_n, kdT_n, U_n, S_n, S_next in steps:
+        for n, (W_n, gam_n, kdT_n, U_n, S_n, S_next) in enumerate(steps):
             U_n.baddbmm_(W_n, S_n, alpha=-1.0)  # [BH, C, V]
             torch.mul(S_n, gam_n, out=S_next)
             S_next.baddbmm_(kdT_n, U_n)
+            if keep is not None and n + 1 < N:
+                # stored as the next chunk's entering state; the final state is never reset
+                S_next.mul_(keep[n + 1])
 
         Uz = U.view(Z, C, V)
         Sin = Sst[:N].view(Z, K, V)
@@ -414,6 +451,7 @@ class _ChunkKDA(torch.autograd.Function):
 
         ctx.save_for_backward(kc, vc, bc, AL, QK, qg, kd, gam, Tm, W, Sst, U, *saved)
         ctx.mode = mode
+        ctx.keep = keep
         ctx.meta = (B, T, H, K, V, C, N, dt, scale, initial_state is not None)
         ctx.in_dtypes = (q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype,
                          None if initial_state is None else initial_state.dtype)
@@ -445,10 +483,15 @@ class _ChunkKDA(torch.autograd.Function):
         per_chunk = lambda x: x.unflatten(0, (N, BH)).unbind(0)  # noqa: E731
         steps = zip(per_chunk(kd), per_chunk(P), per_chunk(gam.transpose(-1, -2)), per_chunk(W.transpose(-1, -2)),
                     dUn.unbind(0), dS[1:].unbind(0), dS[:N].unbind(0))
-        for kd_n, P_n, gam_n, WT_n, dUn_n, dS_next, dS_n in reversed(list(steps)):
+        keep = ctx.keep
+        for n, (kd_n, P_n, gam_n, WT_n, dUn_n, dS_next, dS_n) in reversed(list(enumerate(steps))):
             dUn_n.baddbmm_(kd_n, dS_next, alpha=-1.0)  # -dU   [BH, C, V]
             torch.addcmul(P_n, gam_n, dS_next, out=dS_n)
             dS_n.baddbmm_(WT_n, dUn_n)
+            if keep is not None:
+                # nothing flows through a zeroed hand-off: dS[n] becomes the grad of the state leaving
+                # chunk n-1 (or of the initial state), zero where chunk n starts a document
+                dS_n.mul_(keep[n])
         # U = Tm R with R = beta (v - exp(G) k S): -dR = Tm^T (-dU) (a bmm into a strided out=
         # would leave the fast path, hence the copy)
         dOR[:, C:] = torch.bmm(Tm.transpose(-1, -2), dUn.view(Z, C, V))
@@ -462,6 +505,7 @@ class _ChunkKDA(torch.autograd.Function):
         dAL[:, C:].tril_(-1)
         dq, dk, dbeta, dG = _intra_backward(ctx.mode, dAL, dOR, Sin, Uz, dSout, QK, kc, bc, kd, gam, saved)
         # gam and kd carry exp(G_C) explicitly and S' scales with it: dG_C += sum_v dS' * S'
+        # (before a reset Sst holds the zeroed state, not S', but dS' is zero there too)
         dG[:, -1] += torch.einsum("zkv,zkv->zk", dSout, Sst[1:].view(Z, K, V))
         dRn = dOR[:, C:]
         dbeta -= torch.einsum("zcv,zcv->zc", dRn, vc)
@@ -494,6 +538,7 @@ class _ChunkKDA(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -514,6 +559,7 @@ def chunk_kda(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
+    segments: Segments | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked KDA (WY / UT form, docs/k3.md §2.5); same contract and result as ``recurrent_kda``.
 
@@ -524,9 +570,16 @@ def chunk_kda(
     take an exact but slower pairwise path. T need not be a multiple of the chunk (zero padding:
     k = 0, beta = 0, g = 0 leave the state untouched). g must be <= 0, as everywhere in KDA.
     Gradients come from a hand-written backward that reuses the forward's per-chunk states.
+
+    ``segments``: documents restart from a zero state (no ``initial_state`` then). Each row's
+    documents are laid out back to back, each padded (k = 0, beta = 0, g = 0, v = 0, q = 0) to a
+    multiple of an alignment <= ``chunk_size`` (``Segments.packing``: halved while the padding would
+    grow the row by more than half), and the kernel zeroes the state entering every chunk that starts
+    a document. The final state is the one after each row's last document.
     """
     if chunk_size < _MIN_CHUNK or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two >= {_MIN_CHUNK}, got {chunk_size}")
+    _check_segments(segments, q, initial_state)
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     scale = K**-0.5 if scale is None else scale
@@ -537,13 +590,21 @@ def chunk_kda(
             S = q.new_zeros(B, HV, K, V, dtype=dt) if initial_state is None else initial_state.to(dt).clone()
         return v.new_zeros(B, 0, HV, V), S
     q, k = _expand_heads(q, k, HV)
-    o, final = _chunk_kda_apply(q, k, v, g, beta, initial_state, float(scale), chunk_size, output_final_state)
+    o, final = _chunk_kda_apply(q, k, v, g, beta, initial_state, float(scale), chunk_size, output_final_state, segments)
     return o, (final if output_final_state else None)
 
 
 @torch.compiler.disable(recursive=True)
-def _chunk_kda_apply(q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state):
+def _chunk_kda_apply(q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, segments=None):
     # An opaque island inside a compiled region: the chunk size is chosen from the data (one host read of
     # the largest chunk log-decay), the hand-written backward loops over chunks, and every op inside is
-    # already a batched matmul or a fused in-place update, so tracing it would gain nothing.
-    return _ChunkKDA.apply(q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state)
+    # already a batched matmul or a fused in-place update, so tracing it would gain nothing. With
+    # segments the document layout (another host read, sizes from the data) is made here too, so a
+    # compiled layer sees the same shapes whatever the documents.
+    if segments is None:
+        return _ChunkKDA.apply(q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state)
+    T = q.shape[1]
+    packing = segments.packing(chunk_size, _MIN_CHUNK)
+    packed = [packing.pack(x) for x in (q, k, v, g, beta)]  # [B, length, ...], zeros between documents
+    o, final = _ChunkKDA.apply(*packed, initial_state, scale, packing.align, output_final_state, packing.starts)
+    return packing.unpack(o, T), final
