@@ -11,7 +11,11 @@ Checks (each a row; ``--only`` takes these names, comma-separated):
 1. ``kda_fla``: fla's ``chunk_kda`` (bf16 q/k/v, fp32 gate and beta, called as
    ``components/mixers/kda.py::_fla_core`` calls it) against ``components.ops.kda.chunk_kda`` in fp32 on
    the same bf16-rounded inputs, forward+backward, at two sequence lengths; gate ``kda_gate`` with lower
-   bound -5. ``kda_mixer``: the whole KDA mixer under bf16 autocast, ``backend=fla`` against ``torch``.
+   bound -5. ``kda_fla_varlen``: the same with document masking: fla's variable-length form (the rows
+   flattened, ``cu_seqlens`` from ``Segments``, as ``_fla_core`` calls it) against ``chunk_kda(...,
+   segments=...)`` (documents packed onto chunk boundaries, state reset there), random document
+   lengths including very short ones. ``kda_mixer``: the whole KDA mixer under bf16 autocast,
+   ``backend=fla`` against ``torch``.
 2. ``attnres_fla``: ``components.ops.attnres.attnres_read`` with ``backend=fla`` against ``backend=torch``,
    sources passed as a list as the residual schemes pass them, forward+backward.
 3. ``situ_glu_triton``: ``situ_glu(backend="triton")`` against ``situ_glu_reference``, forward+backward.
@@ -316,6 +320,48 @@ def check_kda_fla(B: int, T: int, H: int, K: int, tol: float, repeats: int) -> C
     return run
 
 
+def random_segments(B: int, T: int, mean_len: int, device: torch.device, seed: int = 0):
+    """``Segments`` of B rows with about T / mean_len documents each at random places, plus a 3-token one."""
+    from components.nn.segments import Segments
+
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.zeros(B, T, dtype=torch.long)
+    for b in range(B):
+        cut = torch.randint(1, T - 4, (max(1, T // mean_len),), generator=gen)
+        starts[b, cut] = 1
+        starts[b, cut[0] + 3] = 1  # the document at cut[0] is 3 tokens long (if no other cut falls inside)
+    return Segments(starts.cumsum(1).to(device))
+
+
+def check_kda_fla_varlen(B: int, T: int, H: int, K: int, tol: float, repeats: int) -> Callable[[Context, Row], None]:
+    def run(ctx: Context, row: Row) -> None:
+        from fla.ops.kda import chunk_kda as fla_chunk_kda
+
+        from components.ops.kda import chunk_kda
+
+        x = kda_inputs(B, T, H, K, ctx.device, seed=1)
+        segments = random_segments(B, T, 500, ctx.device)
+        fast_in = {n: (t.bfloat16() if n in ("q", "k", "v") else t).requires_grad_() for n, t in x.items()}
+        ref_in = {n: t.detach().float().requires_grad_() for n, t in fast_in.items()}
+        do = torch.randn(B, T, H, K, device=ctx.device).bfloat16()  # [B, T, H, V]
+
+        def fla(q, k, v, g, beta):  # the varlen call of KimiDeltaAttention._fla_core
+            flat = [t.reshape(1, B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]  # [1, B*T, ...]
+            return fla_chunk_kda(*flat, cu_seqlens=segments.cu_seqlens())[0].view(B, T, H, K)
+
+        def ref(q, k, v, g, beta):
+            return chunk_kda(q, k, v, g, beta, segments=segments)[0]
+
+        steps = {"fla": fwd_bwd(fla, fast_in, do), "torch": fwd_bwd(ref, ref_in, do.float())}
+        set_parity(row, outputs_and_grads(steps["fla"], fast_in), outputs_and_grads(steps["torch"], ref_in), tol)
+        t = ctx.time_ms(steps, repeats)
+        row.fast_ms, row.ref_ms = t["fla"], t["torch"]
+        n_docs = len(segments.cu_seqlens()) - 1
+        row.add_note(f"{n_docs} documents; fla cu_seqlens bf16 vs torch chunk_kda with segments fp32, fwd+bwd")
+
+    return run
+
+
 def check_kda_mixer(B: int, T: int, H: int, K: int, tol: float, repeats: int) -> Callable[[Context, Row], None]:
     def run(ctx: Context, row: Row) -> None:
         from components.mixers.kda import KDAConfig, KimiDeltaAttention
@@ -599,6 +645,8 @@ def build_checks(args: argparse.Namespace) -> list[Check]:
     B, H, K = (1, 8, 128) if q else (2, 16, 128)
     for T in ((1024, 2048) if q else (2048, 8192)):
         checks.append(Check("kda_fla", f"B={B} T={T} H={H} K=V={K}", check_kda_fla(B, T, H, K, 2e-2, reps), ("fla",)))
+    B, T, H = (2, 1024, 8) if q else (2, 4096, 16)
+    checks.append(Check("kda_fla_varlen", f"B={B} T={T} H={H} K=V={K}", check_kda_fla_varlen(B, T, H, K, 2e-2, reps), ("fla",)))
     B, T, H = (1, 1024, 8) if q else (2, 2048, 16)
     checks.append(Check("kda_mixer", f"B={B} T={T} d={H * K} H={H} K=V={K}", check_kda_mixer(B, T, H, K, 5e-2, reps), ("fla",)))
     S, B, T, d = (5, 2, 1024, 1024) if q else (9, 4, 2048, 2048)

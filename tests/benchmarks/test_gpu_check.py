@@ -34,7 +34,7 @@ def test_without_cuda_every_check_is_skipped_with_the_reason():
     out = run_script(env={"CUDA_VISIBLE_DEVICES": ""})  # no visible GPU even where there is one
     assert out.returncode == 0, out.stderr
     names = check_names()
-    assert {"kda_fla", "kda_mixer", "attnres_fla", "situ_glu_triton", "moe_experts", "moe_vs_dense[stable_latent_moe]",
+    assert {"kda_fla", "kda_fla_varlen", "kda_mixer", "attnres_fla", "situ_glu_triton", "moe_experts", "moe_vs_dense[stable_latent_moe]",
             "train_default", "train_default_compiled", "train_k3_small", "fsdp2"} <= set(names)
     for name in names:
         lines = table_lines(out.stdout, name)
