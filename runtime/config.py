@@ -182,6 +182,21 @@ def check_known_keys(node: Any, key: str = "") -> None:
             check_known_keys(child, f"{key}.{k}" if key else str(k))
 
 
+def complete_data(cfg: DictConfig) -> None:
+    """Let the chosen dataset fill what its files decide (a prepared folder's vocabulary) before the
+    config is resolved, so ``model.vocab_size`` (``${data.vocab_size}``) follows it."""
+    from components.registry import DATASETS
+
+    node = cfg.get("data")
+    entry = DATASETS.get(node.name, key="data.name")
+    complete = getattr(entry.config_cls, "complete", None)
+    if complete is not None:
+        try:
+            complete(node, "data")
+        except OmegaConfBaseException as err:
+            raise ConfigError(getattr(err, "full_key", "") or "data", str(getattr(err, "msg", err)).strip().splitlines()[0]) from None
+
+
 def validate(cfg: DictConfig) -> RootConfig:
     """Check a composed config and return it as typed objects. Raises ConfigError."""
     check_known_keys(cfg)
@@ -194,6 +209,7 @@ def validate(cfg: DictConfig) -> RootConfig:
     for name, node in (cfg.get("callbacks") or {}).items():
         check(isinstance(node, DictConfig) and "_target_" in node, f"callbacks.{name}", "must be a node with a `_target_` class path (a Lightning callback) and its arguments")
 
+    complete_data(cfg)
     try:
         root: RootConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except OmegaConfBaseException as err:

@@ -95,9 +95,18 @@ class LanguageModelModule(L.LightningModule):
         # cross-entropy in fp32 whatever the activation dtype
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none").view_as(targets)
 
+    def _hidden_states(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states ``[B, T, d]``; with ``data.document_masking`` each token sees only its own
+        document (the end-of-document token begins the next one)."""
+        if not self.dataset.document_masking:
+            return self._hidden(x)
+        from components.nn.segments import Segments
+
+        return self._hidden(x, segments=Segments.from_eod(x, self.dataset.eod_id))
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        h = self._hidden(x)  # [B, T, d]
+        h = self._hidden_states(x)  # [B, T, d]
         mask = y != IGNORE_INDEX
         # project only the scored positions: on sparse tasks (MQAR) the output layer is most of the work
         logits = self.model.lm_head(h[mask])  # [N, vocab]
@@ -191,9 +200,9 @@ class LanguageModelModule(L.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
-        logits = self.model.lm_head(self._hidden(x))
+        logits = self.model.lm_head(self._hidden_states(x))
         token_loss = self._token_loss(logits, y)
-        for k, v in self.dataset.metric_sums(logits, y, token_loss).items():
+        for k, v in self.dataset.metric_sums(logits, y, token_loss, batch_idx).items():
             v = v.detach().double()
             self._val_sums[k] = self._val_sums[k] + v if k in self._val_sums else v
 

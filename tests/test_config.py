@@ -42,6 +42,13 @@ def test_data_option_composes_and_builds(option, tmp_path):
         path = tmp_path / "tokens.bin"
         (np.arange(50000) % 5000).astype(np.uint16).tofile(path)
         extra = [f"data.path={path}", "data.vocab_size=5000"]
+    if option == "mixture":
+        from components.data.text.pipeline import PrepareOptions, prepare
+        from tests.data.text_fixtures import write_text_folder
+
+        for name in ("a", "b"):
+            prepare(PrepareOptions([str(write_text_folder(tmp_path / f"src_{name}", n_files=12))], str(tmp_path / name), val_fraction=0.3, progress=False), log=lambda m: None)
+        extra = [f"data.sources={{a: {{path: {tmp_path / 'a'}}}, b: {{path: {tmp_path / 'b'}, weight: 2}}}}"]
     root = compose_root(*small(f"data={option}", *extra))
     dataset = DATASETS.build(root.data, root.seed)
     x, y = dataset.train_batch(0)

@@ -9,7 +9,7 @@ so any number of ranks sees the same global batch, and a resumed run continues a
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -34,6 +34,12 @@ class DatasetConfig(ComponentConfig):
     seq_len: int
     batch_size: int
 
+    @classmethod
+    def complete(cls, node: Any, key: str) -> None:
+        """Fill fields that the data's own files decide (a prepared folder's vocabulary and dtype) into the
+        composed config ``node`` before it is resolved, so ``model.vocab_size`` follows them; raise
+        ``ConfigError`` when a set field contradicts the files. Called once per run, before validation."""
+
 
 class TokenDataset:
     """Base class: subclasses set ``vocab_size`` and implement ``train_batch`` and ``val_batches``."""
@@ -43,6 +49,10 @@ class TokenDataset:
     batch_size: int
     # name of the task metric reported at validation besides the loss
     metric: str = "loss"
+    # the end-of-document token (None: the data has no document boundaries)
+    eod_id: Optional[int] = None
+    # the model masks attention and restarts recurrent state at each document start (``eod_id`` begins one)
+    document_masking: bool = False
 
     def train_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
@@ -57,8 +67,9 @@ class TokenDataset:
         for i in range(self.num_val_batches()):
             yield self.val_batch(i)
 
-    # Sums that validation accumulates over batches (and ranks) before ``finish_metrics``.
-    def metric_sums(self, logits: torch.Tensor, targets: torch.Tensor, token_loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    # Sums that validation accumulates over batches (and ranks) before ``finish_metrics``; ``index`` is the
+    # validation batch's number. Every batch returns the same keys.
+    def metric_sums(self, logits: torch.Tensor, targets: torch.Tensor, token_loss: torch.Tensor, index: int = 0) -> dict[str, torch.Tensor]:
         mask = targets != IGNORE_INDEX
         return {"loss_sum": (token_loss * mask).sum(), "tokens": mask.sum()}
 

@@ -47,6 +47,8 @@ class CorpusConfig(DatasetConfig):
     vocab_size: int = 257
     # where the token cache goes (None: $K3_CACHE_DIR or ~/.cache/k3-sandbox)
     cache_dir: Optional[str] = None
+    # attention and recurrent state stop at file boundaries (the separator starts each file)
+    document_masking: bool = False
 
     def validate(self, model: Any, key: str) -> None:
         if self.seq_len < 2:
@@ -144,6 +146,8 @@ class StdlibCorpus(TokenStreamDataset):
         self.vocab_size = cfg.vocab_size
         self.seq_len = cfg.seq_len
         self.batch_size = cfg.batch_size
+        self.eod_id = SEPARATOR
+        self.document_masking = cfg.document_masking
         self.folder = build_corpus_cache(cfg.val_percent, cfg.cache_dir)
         self.train = np.memmap(self.folder / "train.bin", dtype=np.uint16, mode="r")
         self.val = np.memmap(self.folder / "val.bin", dtype=np.uint16, mode="r")
@@ -155,8 +159,8 @@ class StdlibCorpus(TokenStreamDataset):
             raise ValueError(f"corpus in {self.folder} is too small for seq_len={cfg.seq_len}")
 
     # bits per byte over byte targets (the separator is predicted and trained on, but is not a byte)
-    def metric_sums(self, logits, targets, token_loss):
-        sums = super().metric_sums(logits, targets, token_loss)
+    def metric_sums(self, logits, targets, token_loss, index=0):
+        sums = super().metric_sums(logits, targets, token_loss, index)
         is_byte = targets < NUM_BYTE_TOKENS
         sums["byte_loss_sum"] = (token_loss * is_byte).sum()
         sums["bytes"] = is_byte.sum()

@@ -104,8 +104,8 @@ class MQAR(TokenDataset):
         rows = slice(index * self.batch_size, (index + 1) * self.batch_size)
         return self._val[0][rows], self._val[1][rows]
 
-    def metric_sums(self, logits, targets, token_loss):
-        sums = super().metric_sums(logits, targets, token_loss)
+    def metric_sums(self, logits, targets, token_loss, index=0):
+        sums = super().metric_sums(logits, targets, token_loss, index)
         mask = targets != IGNORE_INDEX
         sums["correct"] = ((logits.argmax(-1) == targets) & mask).sum()
         return sums

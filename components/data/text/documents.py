@@ -1,0 +1,283 @@
+"""Documents from inputs: text files, folders and glob patterns of them, JSONL, Parquet, and the two
+embedded sources of this Python (``stdlib:code``, ``stdlib:docs``).
+
+Each document has an identity, a stable name (a file's path below its input, ``file#line`` for a
+JSONL record, or the value of a named id field); the validation split is a hash of it, so adding
+files never moves a document between splits. Text is UTF-8: undecodable bytes become U+FFFD and are
+counted; binary files (a NUL byte near the start) among text files are skipped and counted, or refused.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+from components.data.corpus import is_validation, stdlib_root, stdlib_sources
+
+EMBEDDED = ("stdlib:code", "stdlib:docs")
+FORMATS = ("auto", "text", "jsonl", "parquet")
+BINARY_POLICIES = ("skip", "error")
+_SNIFF = 8192  # bytes looked at for a NUL when deciding a file is binary
+_JSONL_SUFFIXES = (".jsonl", ".ndjson")
+
+
+class InputError(ValueError):
+    """An input that cannot be read as asked; the message names the file and what is wrong."""
+
+
+@dataclass
+class Document:
+    identity: str
+    text: str
+
+
+@dataclass
+class InputFile:
+    path: Path
+    name: str  # path below its input (the identity of a whole-file document)
+    format: str  # text, jsonl or parquet
+
+
+@dataclass
+class ReadOptions:
+    format: str = "auto"
+    text_field: str = "text"  # JSONL field / Parquet column holding the text
+    id_field: Optional[str] = None  # JSONL field / Parquet column naming each document (None: file and line)
+    binary: str = "skip"
+
+
+@dataclass
+class ReadStats:
+    documents: int = 0
+    empty_documents: int = 0
+    binary_files: list[str] = field(default_factory=list)
+    replaced_characters: int = 0
+
+    def as_dict(self) -> dict:
+        return {"documents": self.documents, "empty_documents": self.empty_documents,
+                "binary_files_skipped": len(self.binary_files), "replaced_characters": self.replaced_characters}
+
+
+def _has_glob(s: str) -> bool:
+    return any(c in s for c in "*?[")
+
+
+def _format_of(path: Path, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    if path.suffix in _JSONL_SUFFIXES:
+        return "jsonl"
+    if path.suffix == ".parquet":
+        return "parquet"
+    return "text"
+
+
+def expand_input(pattern: str, fmt: str = "auto") -> list[InputFile] | str:
+    """The files one input names (sorted), or the embedded source's name. InputError if it names nothing."""
+    if pattern in EMBEDDED:
+        return pattern
+    if pattern.startswith("stdlib:"):
+        raise InputError(f"input '{pattern}': unknown embedded source; choose one of {', '.join(EMBEDDED)}")
+    if _has_glob(pattern):
+        parts = Path(pattern).parts
+        fixed = next(i for i, p in enumerate(parts) if _has_glob(p))
+        base = Path(*parts[:fixed]) if fixed else Path(".")
+        paths = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        if not paths:
+            raise InputError(f"input '{pattern}': the pattern matches no files")
+    else:
+        p = Path(pattern)
+        if not p.exists():
+            raise InputError(f"input '{pattern}': no such file or folder")
+        if p.is_file():
+            base, paths = p.parent, [p]
+            if p.stat().st_size == 0:
+                raise InputError(f"input '{pattern}': the file is empty")
+        else:
+            base = p
+            paths = sorted(q for q in p.rglob("*") if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts))
+            if not paths:
+                raise InputError(f"input '{pattern}': the folder holds no files")
+    return [InputFile(q, q.relative_to(base).as_posix() if q.is_relative_to(base) else q.as_posix(), _format_of(q, fmt)) for q in paths]
+
+
+def fingerprint_inputs(inputs: list[list[InputFile] | str]) -> str:
+    """A hash of every input's name and content (embedded sources: this Python and its file sizes)."""
+    h = hashlib.sha256()
+    for item in inputs:
+        if isinstance(item, str):
+            root = stdlib_root()
+            files = stdlib_sources(root)
+            h.update(json.dumps([item, sys.version, [(f, os.path.getsize(root / f)) for f in files]]).encode())
+            continue
+        for f in item:
+            h.update(f.name.encode() + b"\0" + f.format.encode() + b"\0")
+            with open(f.path, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+            h.update(b"\1")
+    return h.hexdigest()[:16]
+
+
+def decode_utf8(data: bytes, stats: ReadStats) -> str:
+    """UTF-8 text of ``data``; undecodable bytes become U+FFFD, counted in ``stats``."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        stats.replaced_characters += text.count("\ufffd") - data.count("\ufffd".encode())
+        return text
+
+
+def clean_text(text: str, stats: ReadStats) -> str:
+    """``text`` as encodable UTF-8: lone surrogates (possible in JSON strings) become U+FFFD, counted."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        cleaned = text.encode("utf-8", errors="surrogatepass").decode("utf-8", errors="replace")
+        stats.replaced_characters += cleaned.count("\ufffd") - text.count("\ufffd")
+        return cleaned
+
+
+def _read_text_file(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterator[Document]:
+    data = f.path.read_bytes()
+    if b"\0" in data[:_SNIFF]:
+        if opts.binary == "error":
+            raise InputError(f"{f.path}: a binary file (NUL bytes) among the text inputs; remove it or pass --binary skip")
+        stats.binary_files.append(str(f.path))
+        return
+    yield Document(f.name, decode_utf8(data, stats))
+
+
+def _field_text(value, where: str, opts: ReadOptions, stats: ReadStats) -> str:
+    if not isinstance(value, str):
+        raise InputError(f"{where}: field '{opts.text_field}' holds {type(value).__name__}, not text")
+    return clean_text(value, stats)
+
+
+def _read_jsonl(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterator[Document]:
+    with open(f.path, "rb") as fh:
+        for number, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            where = f"{f.path}:{number}"
+            try:
+                record = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise InputError(f"{where}: not a JSON line ({err})") from None
+            if not isinstance(record, dict) or opts.text_field not in record:
+                fields = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
+                raise InputError(f"{where}: no field '{opts.text_field}' (the record has: {fields}); name the text field with --text-field")
+            text = _field_text(record[opts.text_field], where, opts, stats)
+            identity = f"{f.name}#{number}"
+            if opts.id_field is not None:
+                if opts.id_field not in record:
+                    raise InputError(f"{where}: no id field '{opts.id_field}'")
+                identity = str(record[opts.id_field])
+            yield Document(identity, text)
+
+
+def _read_parquet(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterator[Document]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InputError(f"{f.path}: reading Parquet needs pyarrow, which is not installed: pip install 'k3-sandbox[parquet]' (or pyarrow)") from None
+    try:
+        pf = pq.ParquetFile(f.path)
+    except Exception as err:
+        raise InputError(f"{f.path}: not a readable Parquet file ({str(err).splitlines()[0]})") from None
+    names = pf.schema_arrow.names
+    columns = [opts.text_field] + ([opts.id_field] if opts.id_field else [])
+    for c in columns:
+        if c not in names:
+            raise InputError(f"{f.path}: no column '{c}' (columns: {', '.join(names)}); name the text column with --text-field")
+    row = 0
+    for batch in pf.iter_batches(columns=columns):
+        texts = batch.column(0).to_pylist()
+        ids = batch.column(1).to_pylist() if opts.id_field else None
+        for i, value in enumerate(texts):
+            where = f"{f.path} row {row}"
+            if value is None:
+                value = ""
+            yield Document(str(ids[i]) if ids else f"{f.name}#{row}", _field_text(value, where, opts, stats))
+            row += 1
+
+
+_READERS = {"text": _read_text_file, "jsonl": _read_jsonl, "parquet": _read_parquet}
+
+
+def stdlib_code_documents() -> Iterator[Document]:
+    """This Python's standard-library ``.py`` sources, one document per file (the byte corpus's text)."""
+    root = stdlib_root()
+    for rel in stdlib_sources(root):
+        yield Document(rel, (root / rel).read_bytes().decode("utf-8", errors="replace"))
+
+
+def _module_docstrings(path: Path) -> Optional[str]:
+    """A module's docstrings, each under its class or function name; None if it has none."""
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (SyntaxError, ValueError):
+        return None
+    parts = []
+    module_doc = ast.get_docstring(tree)
+    if module_doc:
+        parts.append(module_doc)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc:
+                parts.append(f"{node.name}\n\n{doc}")
+    return "\n\n".join(parts) + "\n" if parts else None
+
+
+def _is_test_module(rel: str) -> bool:
+    return any(part.startswith(("test", "idle_test")) for part in Path(rel).parts)
+
+
+def stdlib_docs_documents() -> Iterator[Document]:
+    """English documentation that ships with Python: the reference manual's topics (``pydoc_data``) and,
+    per standard-library module (test suites excluded), its docstrings (module, classes, functions, each
+    under its name). Modules are parsed on every core."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from pydoc_data.topics import topics
+
+    for name in sorted(topics):
+        yield Document(f"topics/{name}", topics[name])
+    root = stdlib_root()
+    modules = [rel for rel in stdlib_sources(root) if not _is_test_module(rel)]
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for rel, text in zip(modules, pool.map(_module_docstrings, [root / rel for rel in modules], chunksize=16)):
+            if text:
+                yield Document(f"docstrings/{rel}", text)
+
+
+def read_documents(inputs: list[list[InputFile] | str], opts: ReadOptions, stats: ReadStats) -> Iterator[Document]:
+    """Every document of the expanded inputs, in order; empty documents are counted and dropped."""
+    for item in inputs:
+        if item == "stdlib:code":
+            docs: Iterator[Document] = stdlib_code_documents()
+        elif item == "stdlib:docs":
+            docs = stdlib_docs_documents()
+        else:
+            docs = (d for f in item for d in _READERS[f.format](f, opts, stats))
+        for doc in docs:
+            if not doc.text:
+                stats.empty_documents += 1
+                continue
+            stats.documents += 1
+            yield doc
+
+
+def split_of(identity: str, val_fraction: float) -> str:
+    """``val`` or ``train``, from a hash of the document's identity (the byte corpus's rule)."""
+    return "val" if is_validation(identity, 100.0 * val_fraction) else "train"

@@ -1,0 +1,148 @@
+"""Prepared text in training: meta.json drives the config, bits per byte for any tokenizer, mixtures
+(deterministic sampling, per-source metrics, exact resume), and folders whose files contradict meta.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from components.data.mixture import Mixture
+from components.data.text.pipeline import PrepareOptions, prepare
+from components.data.text.prepared import PreparedFolder
+from components.data.text.stream import PreparedStream
+from components.registry import ConfigError, DATASETS
+from runtime.jsonl_logger import read_metrics
+from tests.data.text_fixtures import write_text_folder
+from tests.helpers import REPO, compose_root, kill_after_microbatch, run_train
+
+FAST = ["model=tiny", "data.seq_len=32", "data.batch_size=8", "data.val_tokens=512", "trainer.enable_progress_bar=false",
+        "trainer.log_every_n_steps=1", "trainer.compile=false", "trainer.max_time_minutes=null"]
+
+
+def _prep(inputs, out, tokenizer):
+    return prepare(PrepareOptions(inputs=[str(i) for i in inputs], out=str(out), tokenizer=tokenizer, val_fraction=0.25, progress=False), log=lambda m: None).folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("text")
+    a = _prep([write_text_folder(root / "src_a", n_files=40, seed=1)], root / "a", "bpe:320")
+    b = _prep([write_text_folder(root / "src_b", n_files=40, seed=2, words=200)], root / "b", str(a / "tokenizer.json"))
+    c = _prep([root / "src_b"], root / "c", "bytes")
+    return {"a": a, "b": b, "c": c, "root": root}
+
+
+def test_prepared_folder_sets_vocabulary_and_dtype(folders):
+    root = compose_root("data=memmap", f"data.path={folders['a']}")
+    meta = json.loads((folders["a"] / "meta.json").read_text())
+    assert root.data.vocab_size == root.model.vocab_size == meta["vocab_size"] == 320
+    assert root.data.dtype == "uint16"
+    padded = compose_root("data=memmap", f"data.path={folders['a']}", "data.vocab_size=384")  # padding the table is fine
+    assert padded.model.vocab_size == 384
+    with pytest.raises(ConfigError, match=r"data.vocab_size.*below the 320 ids"):
+        compose_root("data=memmap", f"data.path={folders['a']}", "data.vocab_size=300")
+    with pytest.raises(ConfigError, match=r"data.dtype.*contradicts .*meta.json"):
+        compose_root("data=memmap", f"data.path={folders['a']}", "data.dtype=uint32")
+
+
+def test_bits_per_byte_is_summed_loss_over_the_targets_utf8_bytes(folders):
+    folder = PreparedFolder.open(folders["a"])
+    data = PreparedStream(folder, seq_len=32, batch_size=4, val_tokens=None, seed=0)
+    x, y = data.val_batch(0)
+    loss = torch.rand(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    sums = data.metric_sums(None, y, loss)
+    text = folder.tokenizer.decode(y.flatten().tolist())
+    assert float(sums["bytes"]) == len(text.encode("utf-8"))  # end-of-document tokens stand for no bytes
+    bpb = data.finish_metrics({k: float(v) for k, v in sums.items()})["bpb"]
+    assert bpb == pytest.approx(float(loss.sum()) / math.log(2) / len(text.encode("utf-8")), rel=1e-12)
+    # the bytes validation scores are the bytes the compressors baselines see
+    all_bytes = sum(float(data.metric_sums(None, yy, torch.zeros_like(yy, dtype=torch.float64))["bytes"]) for _, yy in data.val_batches())
+    assert all_bytes == len(data.validation_bytes()) > 0
+
+
+def test_mixture_batches_are_a_function_of_seed_and_index(folders):
+    cfg = compose_root("data=mixture", f"data.sources={{a: {{path: {folders['a']}, weight: 3}}, b: {{path: {folders['b']}, weight: 1}}}}",
+                       "data.seq_len=16", "data.batch_size=64").data
+    m1, m2 = DATASETS.build(cfg, 5), DATASETS.build(cfg, 5)
+    assert isinstance(m1, Mixture) and m1.vocab_size == 320
+    for i in (0, 7, 123):
+        assert all(torch.equal(u, v) for u, v in zip(m1.train_batch(i), m2.train_batch(i)))
+    assert not torch.equal(m1.train_batch(1)[0], m1.train_batch(2)[0])
+    # rows follow the weights: count the rows that come from source a's training stream
+    a_train = np.asarray(m1.streams[0].train)
+    windows = {bytes(a_train[s : s + 16].astype(np.uint16)) for s in range(len(a_train) - 16)}
+    rows = torch.cat([m1.train_batch(i)[0] for i in range(20)])
+    share = np.mean([bytes(r.numpy().astype(np.uint16)) in windows for r in rows])
+    assert 0.68 < share < 0.82  # 3:1 weights
+
+
+def test_mixture_sources_must_share_a_tokenizer(folders):
+    with pytest.raises(ConfigError, match=r"data.sources.c.path.*mixed sources must share one tokenizer"):
+        compose_root("data=mixture", f"data.sources={{a: {{path: {folders['a']}}}, c: {{path: {folders['c']}}}}}")
+    with pytest.raises(ConfigError, match=r"data.sources.x.path.*not a folder made by prepare.py"):
+        compose_root("data=mixture", f"data.sources={{x: {{path: {folders['root']}}}}}")
+
+
+def test_folder_whose_tokenizer_is_not_the_one_meta_names_is_refused(folders, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(folders["b"], bad)
+    other = prepare(PrepareOptions(inputs=[str(folders["root"] / "src_a")], out=str(tmp_path / "other"), tokenizer="bpe:300", val_fraction=0.25, progress=False), log=lambda m: None).folder
+    shutil.copy(other / "tokenizer.json", bad / "tokenizer.json")
+    result = run_train(*FAST, "data=memmap", f"data.path={bad}", "trainer.max_steps=2", f"output_root={tmp_path / 'runs'}", "logger=csv")
+    assert result.returncode == 2
+    assert "data.path" in result.stderr and "is not the one meta.json says the tokens were made with" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["train/loss"] for r in read_metrics(str(run_dir / "metrics.jsonl")) if "train/loss" in r}
+
+
+def _only(root: Path) -> Path:
+    (d,) = [p for p in root.iterdir() if p.is_dir()]
+    return d
+
+
+def test_mixture_resumes_exactly_and_logs_per_source_metrics(folders, tmp_path):
+    """A mixture run killed mid-run and resumed logs the uninterrupted run's losses; validation reports
+    loss and bits per byte per source and overall, in metrics.jsonl and in the W&B run."""
+    sources = f"data.sources={{a: {{path: {folders['a']}, weight: 2}}, b: {{path: {folders['b']}, weight: 1}}}}"
+    common = [*FAST, "data=mixture", sources, "trainer.max_steps=10", "trainer.checkpoint_every_n_steps=4", "trainer.val_check_interval=5"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    straight = subprocess.Popen([sys.executable, str(REPO / "train.py"), *common, "logger=wandb", f"output_root={tmp_path / 'a'}"], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *common, "logger=csv", f"output_root={tmp_path / 'b'}", kill_after_microbatch(6)],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    _, err = straight.communicate(timeout=600)
+    assert straight.returncode == 0, err[-3000:]
+    resumed = run_train(*common, "logger=csv", f"output_root={tmp_path / 'b'}", "ckpt_path=last", env={"OMP_NUM_THREADS": "1"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference_dir, run_dir = _only(tmp_path / "a"), _only(tmp_path / "b")
+    reference, losses = _losses(reference_dir), _losses(run_dir)
+    assert sorted(losses) == sorted(reference) == list(range(10))
+    assert all(losses[s] == reference[s] for s in range(4, 10))
+
+    records = read_metrics(str(reference_dir / "metrics.jsonl"))
+    val = [r for r in records if "val/bpb" in r]
+    assert len(val) >= 2  # every val_check_interval, and once at the end
+    for r in val:
+        assert {"val/a/bpb", "val/b/bpb", "val/a/loss", "val/b/loss"} <= set(r)
+        lo, hi = sorted([r["val/a/bpb"], r["val/b/bpb"]])
+        assert lo <= r["val/bpb"] <= hi  # the overall figure pools the two sources
+    wandb_cli = str(Path(sys.executable).with_name("wandb"))
+    (wandb_run,) = list((reference_dir / "wandb").glob("offline-run-*"))
+    summary = subprocess.run([wandb_cli, "leet", "inspect", "--summary", "--json", str(wandb_run)], capture_output=True, text=True, timeout=120)
+    assert summary.returncode == 0, summary.stderr
+    logged = json.loads(summary.stdout)["summary"]
+    assert logged["val/a/bpb"] == pytest.approx(val[-1]["val/a/bpb"], rel=1e-6) and logged["val/b/bpb"] == pytest.approx(val[-1]["val/b/bpb"], rel=1e-6)
