@@ -146,3 +146,26 @@ def test_mixture_resumes_exactly_and_logs_per_source_metrics(folders, tmp_path):
     assert summary.returncode == 0, summary.stderr
     logged = json.loads(summary.stdout)["summary"]
     assert logged["val/a/bpb"] == pytest.approx(val[-1]["val/a/bpb"], rel=1e-6) and logged["val/b/bpb"] == pytest.approx(val[-1]["val/b/bpb"], rel=1e-6)
+
+
+@pytest.mark.parametrize("mixer", ["gqa", "kda"])
+def test_document_masking_reaches_the_model_in_training(mixer):
+    """data.document_masking=true: the training module's hidden states after an end-of-document token do
+    not depend on anything before it; without masking they do."""
+    from runtime.lit_module import LanguageModelModule
+
+    def hidden(masking: bool, x: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(0)
+        root = compose_root("model=tiny", f"mixer={mixer}", "data=corpus", "data.seq_len=48", "data.batch_size=2",
+                            f"data.document_masking={str(masking).lower()}", "trainer.compile=false")
+        module = LanguageModelModule(root, DATASETS.build(root.data, root.seed))
+        with torch.no_grad():
+            return module._hidden_states(x)
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 256, (2, 48), generator=g)
+    x[:, 20] = 256  # the separator: the next document starts here
+    other = x.clone()
+    other[:, :20] = torch.randint(0, 256, (2, 20), generator=g)
+    torch.testing.assert_close(hidden(True, x)[:, 20:], hidden(True, other)[:, 20:], rtol=0, atol=1e-5)
+    assert not torch.allclose(hidden(False, x)[:, 20:], hidden(False, other)[:, 20:], atol=1e-3)
