@@ -47,9 +47,11 @@ class CausalShift(Mixer):
     def new_cache(self, batch_size: int) -> Any:
         return SimpleNamespace(last=None)  # the previous token's input [B, 1, d]
 
-    def forward(self, x: torch.Tensor, state: Any = None, offset: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: Any = None, offset: int = 0, segments: Any = None) -> torch.Tensor:
         first = state.last if state is not None and state.last is not None else torch.zeros_like(x[:, :1])
         prev = torch.cat([first, x[:, :-1]], dim=1)  # [B, T, d]
+        if segments is not None:  # the previous token counts only inside the same document
+            prev = prev * segments.same_segment_as_shifted(1)  # [B, T, 1]
         if state is not None:
             state.last = x[:, -1:]
         return self.o_proj(self.mix * x + (1 - self.mix) * prev)
