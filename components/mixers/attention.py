@@ -113,9 +113,9 @@ class Attention(Mixer):
     def muon_layouts(self) -> dict[str, MatrixLayout]:
         """Per-head blocks: rows of the input projections, columns of the output projection."""
         return {
-            "q_proj.weight": MatrixLayout(self.n_heads, 0),
-            "k_proj.weight": MatrixLayout(self.n_kv_heads, 0),
-            "v_proj.weight": MatrixLayout(self.n_kv_heads, 0),
+            "q_proj.weight": MatrixLayout(self.n_heads, 0, qkv=True),
+            "k_proj.weight": MatrixLayout(self.n_kv_heads, 0, qkv=True),
+            "v_proj.weight": MatrixLayout(self.n_kv_heads, 0, qkv=True),
             "o_proj.weight": MatrixLayout(self.n_heads, 1),
         }
 

@@ -152,8 +152,9 @@ class KimiDeltaAttention(Mixer):
         """Per-head blocks of the head-indexed projections; f_a_proj, g_a_proj and b_proj are shared by
         all heads and stay whole."""
         H = self.n_heads
-        names = ["q_proj", "k_proj", "v_proj", "f_b_proj"] + (["g_proj"] if self.cfg.full_rank_gate else ["g_b_proj"])
-        layouts = {f"{n}.weight": MatrixLayout(H, 0) for n in names}
+        layouts = {f"{n}.weight": MatrixLayout(H, 0, qkv=True) for n in ("q_proj", "k_proj", "v_proj")}
+        for n in ["f_b_proj"] + (["g_proj"] if self.cfg.full_rank_gate else ["g_b_proj"]):
+            layouts[f"{n}.weight"] = MatrixLayout(H, 0)
         layouts["o_proj.weight"] = MatrixLayout(H, 1)
         return layouts
 

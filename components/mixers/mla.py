@@ -138,8 +138,8 @@ class MLA(Mixer):
         """Per-head blocks; head h of kv_b_proj is its U^K_h and U^V_h rows together. The down-projections
         (q_a_proj, kv_a_proj_with_mqa) are shared by all heads and stay whole."""
         H = self.n_heads
-        layouts = {"kv_b_proj.weight": MatrixLayout(H, 0), "o_proj.weight": MatrixLayout(H, 1)}
-        layouts["q_b_proj.weight" if self.cfg.q_lora_rank is not None else "q_proj.weight"] = MatrixLayout(H, 0)
+        layouts = {"kv_b_proj.weight": MatrixLayout(H, 0, qkv=True), "o_proj.weight": MatrixLayout(H, 1)}
+        layouts["q_b_proj.weight" if self.cfg.q_lora_rank is not None else "q_proj.weight"] = MatrixLayout(H, 0, qkv=True)
         if self.cfg.output_gate:
             layouts["g_proj.weight"] = MatrixLayout(H, 0)
         return layouts

@@ -21,11 +21,14 @@ class MatrixLayout:
     heads: number of equal blocks along ``axis`` (0: rows = output features, 1: columns = input
     features of an ``nn.Linear`` weight); 1 means the whole matrix.
     stacked: the leading dimension indexes independent matrices (``[E, a, b]`` expert weights).
+    qkv: the head blocks are a query, key or value projection's (the K3 report's Per-Head Muon scope:
+    MLA q_b_proj / kv_b_proj, KDA and attention q/k/v_proj; not output projections or gates).
     """
 
     heads: int = 1
     axis: int = 0
     stacked: bool = False
+    qkv: bool = False
 
     def to_blocks(self, t: Tensor) -> Tensor:
         """``[rows, cols]`` or ``[E, rows, cols]`` -> ``[N, a, b]`` independent matrices."""

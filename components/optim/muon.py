@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from components.nn.matrix_layout import MatrixLayout
 from components.optim.base import OptimizerConfig
-from components.optim.param_groups import adamw_param_groups, muon_partition
+from components.optim.param_groups import PER_HEAD_SCOPES, adamw_param_groups, muon_partition
 from components.registry import OPTIMIZERS, ConfigError
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -197,6 +197,9 @@ class MuonConfig(OptimizerConfig):
     # orthogonalise each attention head's block of the head-indexed projections separately (K3's
     # Per-Head Muon, docs/k3.md §8.2); False: every matrix whole
     per_head: bool = False
+    # which projections per_head splits: qkv (the K3 report's scope: query, key and value projections --
+    # MLA q_b_proj / kv_b_proj, KDA and attention q/k/v_proj) or all (also output projections and gates)
+    per_head_scope: str = "qkv"
 
     def validate(self, model: Any, key: str) -> None:
         super().validate(model, key)
@@ -204,11 +207,13 @@ class MuonConfig(OptimizerConfig):
             raise ConfigError(f"{key}.momentum", f"must be in [0, 1), got {self.momentum}")
         if not 1 <= self.ns_steps < 100:
             raise ConfigError(f"{key}.ns_steps", f"must be in [1, 99], got {self.ns_steps}")
+        if self.per_head_scope not in PER_HEAD_SCOPES:
+            raise ConfigError(f"{key}.per_head_scope", f"'{self.per_head_scope}' is not allowed; choose one of {', '.join(PER_HEAD_SCOPES)}")
 
 
 @OPTIMIZERS.register("muon", MuonConfig, "Muon (Moonlight, RMS-matched to AdamW) on hidden matrices, per head optionally; AdamW on the rest.")
 def build_muon(cfg: MuonConfig, model: nn.Module) -> Muon:
-    muon, adamw = muon_partition(model, cfg.per_head)
+    muon, adamw = muon_partition(model, cfg.per_head, cfg.per_head_scope)
     groups = adamw_param_groups(adamw, cfg.weight_decay)
     if muon:
         groups.insert(0, {"params": [p for _, p, _ in muon], "layouts": [layout for _, _, layout in muon], "use_muon": True, "weight_decay": cfg.weight_decay})

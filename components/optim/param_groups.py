@@ -7,7 +7,8 @@ Muon (Moonlight partition, docs/k3.md §8.1): hidden matrices -- every 2-D weigh
 and the stacked matrices a module declares in ``muon_layouts()`` (expert weights) -- go to Muon; the
 token embedding, the output head and everything else (norm gains, biases, KDA's A_log / dt_bias,
 depthwise conv kernels [P, 1, W], single-vector "matrices") go to AdamW, under the same learning rate
-and decay. With ``per_head`` the head blocks modules declare are orthogonalised separately (§8.2).
+and decay. With ``per_head`` the head blocks modules declare are orthogonalised separately (§8.2): only
+the query/key/value projections' (``scope="qkv"``, the K3 report's), or every declared block (``"all"``).
 """
 
 from __future__ import annotations
@@ -51,15 +52,21 @@ def declared_layouts(model: nn.Module) -> dict[str, MatrixLayout]:
     return out
 
 
-def muon_partition(model: nn.Module, per_head: bool) -> tuple[list[tuple[str, nn.Parameter, MatrixLayout]], list[tuple[str, nn.Parameter]]]:
+PER_HEAD_SCOPES = ("qkv", "all")
+
+
+def muon_partition(model: nn.Module, per_head: bool, scope: str = "qkv") -> tuple[list[tuple[str, nn.Parameter, MatrixLayout]], list[tuple[str, nn.Parameter]]]:
     """(Muon parameters with their layouts, AdamW parameters)."""
+    if scope not in PER_HEAD_SCOPES:
+        raise ValueError(f"per-head scope must be one of {', '.join(PER_HEAD_SCOPES)}, got {scope!r}")
     outside = {id(model.embed.weight), id(model.lm_head.weight)}
     layouts = declared_layouts(model)
     muon, adamw = [], []
     for name, p in unique_trainable(model):
         layout = layouts.get(name)
-        if layout is not None and not per_head:
-            layout = MatrixLayout(stacked=layout.stacked)
+        if layout is not None:
+            split = per_head and (scope == "all" or layout.qkv)
+            layout = MatrixLayout(layout.heads, layout.axis, layout.stacked) if split else MatrixLayout(stacked=layout.stacked)
         if layout is None and p.ndim == 2 and min(p.shape) > 1:
             layout = MatrixLayout()
         if id(p) in outside or layout is None:

@@ -144,6 +144,31 @@ def test_partition_follows_moonlight():
     assert all(lay.heads == 1 for _, _, lay in whole) and [n for n, _, _ in whole] == list(muon_names)
 
 
+def test_per_head_scope_splits_exactly_the_query_key_value_projections():
+    """K3's scope (qkv): MLA q_b_proj / kv_b_proj and KDA / attention q, k, v_proj split per head; output
+    projections, gates and the decay projection stay whole. Scope all also splits those."""
+    root = compose_root("model=tiny", "mixer=kda", "+mixer@mixers.global=mla", "+model.mixer_plan.at={-1:global}",
+                        "+mixer@mixers.gqa=gqa", "+model.mixer_plan.at={0:gqa}", "mixers.global.output_gate=true")
+    model = Decoder(root.decoder_config())
+
+    def split(scope: str) -> set[str]:
+        muon, _ = muon_partition(model, per_head=True, scope=scope)
+        return {n.split("mixer.")[-1] + f"@{n.split('.')[1]}" for n, _, lay in muon if lay.heads > 1}
+
+    # layers: 0 gqa, 1 kda (tiny has 2 layers; the last is MLA by the at: -1 pin, layer 0 by at: 0)
+    layer_kind = {int(n.split(".")[1]): type(m.mixer).__name__ for n, m in model.named_modules() if n.count(".") == 1 and n.startswith("layers.")}
+    qkv = split("qkv")
+    expected = set()
+    for i, kind in layer_kind.items():
+        names = {"Attention": ["q_proj", "k_proj", "v_proj"], "KDA": ["q_proj", "k_proj", "v_proj"], "MLA": ["q_b_proj", "kv_b_proj"]}[kind]
+        expected |= {f"{n}.weight@{i}" for n in names}
+    assert qkv == expected, (qkv, expected)
+    extra = split("all") - qkv
+    assert extra and all(n.split(".")[0] in ("o_proj", "g_proj", "f_b_proj", "g_b_proj") for n in extra), extra
+    with pytest.raises(ValueError, match="per-head scope"):
+        muon_partition(model, per_head=True, scope="heads")
+
+
 MIXERS = group_options("mixer")
 FFNS = group_options("ffn")
 
