@@ -16,6 +16,9 @@ A study is ``sweeps/<STUDY>.yaml``:
     seeds: [0]         # each point repeated over these seeds (a `seed` axis when more than one)
     overrides: [...]   # fixed, CPU-friendly scale; anything on the command line comes after and wins
     smoke: [...]       # with --smoke: this study's additions to the shared SMOKE preset below
+    compare_at: tokens # what the points hold equal: tokens (the default: one token budget for all) or
+                       # time (each point's budget sized to the same training time, e.g. tokenizers,
+                       # whose tokens stand for different amounts of text)
 
 Every point runs as one Hydra multirun (``train.py -m``) into the same sweep folder
 ``<output_root>/sweeps/<STUDY>-<time>/<point>/<job>``: all jobs share one W&B group, carry ``point=<name>``
@@ -59,7 +62,7 @@ def load_study(name: str) -> dict[str, Any]:
     if not path.exists():
         raise SystemExit(f"error: study '{name}' not found; studies: {', '.join(study_names())}")
     study = yaml.safe_load(path.read_text()) or {}
-    allowed = ("description", "points", "grid", "search", "seeds", "overrides", "smoke")
+    allowed = ("description", "points", "grid", "search", "seeds", "overrides", "smoke", "compare_at")
     unknown = set(study) - set(allowed)
     if unknown:
         raise SystemExit(f"error: {path.name}: unknown keys {', '.join(sorted(unknown))}; allowed: {', '.join(allowed)}")
@@ -77,6 +80,8 @@ def load_study(name: str) -> dict[str, Any]:
             raise SystemExit(f"error: {path.name}: a search study has one point (each point's search would overwrite the sweep folder's optimization_results.yaml)")
     if not study.get("points"):
         raise SystemExit(f"error: {path.name}: 'points' must name at least one override set")
+    if study.setdefault("compare_at", "tokens") not in ("tokens", "time"):
+        raise SystemExit(f"error: {path.name}: compare_at must be tokens or time, got {study['compare_at']!r}")
     return study
 
 

@@ -9,6 +9,7 @@ derived from the options, and is rebuilt only when the inputs or options change.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -94,5 +95,24 @@ class TextCorpus(PreparedStream):
 
     def __init__(self, cfg: TextConfig, seed: int):
         out = cfg.folder()
-        prepare(cfg.options(out), log=lambda msg: None)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # one preparer at a time (data-parallel ranks, parallel runs); the others then find it prepared
+        with open(out.parent / f".{out.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            prepare(cfg.options(out), log=lambda msg: None)
+            fcntl.flock(lock, fcntl.LOCK_UN)
         super().__init__(PreparedFolder.open(out), cfg.seq_len, cfg.batch_size, cfg.val_tokens, seed, cfg.document_masking, cfg.vocab_size)
+
+
+@dataclass
+class CodeConfig(TextConfig):
+    name: str = "code"
+    # this Python's standard-library sources (the byte corpus's files, data=corpus)
+    inputs: list[str] = field(default_factory=lambda: ["stdlib:code"])
+    # 2% of the files held out by path hash: the byte corpus's validation files
+    val_fraction: float = 0.02
+
+
+@DATASETS.register("code", CodeConfig, "The default data: the standard-library sources (data=corpus's files) in byte-level BPE 8192, prepared on first use.")
+class CodeCorpus(TextCorpus):
+    """``data=text`` on ``stdlib:code``: the embedded corpus in byte-level BPE."""

@@ -137,6 +137,7 @@ def test_lightning_module_turns_it_on_in_configure_model():
     assert not any(layer.activation_checkpointing for layer in module.model.layers)
 
 
+@pytest.mark.slow  # two train.py runs; the in-process tests above check loss and gradients equal
 def test_training_runs_log_the_same_losses_with_and_without(tmp_path):
     """Through Lightning: one process without and with checkpointing, and FSDP2 on two processes with it
     (each layer recomputed inside its sharded forward): the same losses."""
