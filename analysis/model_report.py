@@ -7,7 +7,9 @@
 Counting convention (the K3 reference checkpoint's): every tensor the model stores -- parameters plus
 persistent buffers such as the router's selection bias -- with tied weights once. "Active" parameters
 are those one token uses: everything except the routed experts it does not choose (top_k of E per MoE
-layer), reported with and without the input embedding table.
+layer), reported with and without the input embedding table. The model card's headline ("104.2B
+activated" for K3) is the figure without it (``active_params_without_embedding``), printed first; the
+JSON keeps both fields under their names.
 
 Also reported: parameters per module kind, the layer schedule, AttnRes sources per read, decode cache
 bytes (per token for attention caches, per sequence for KDA's fixed state), the hybrid-vs-all-MLA cache
@@ -208,8 +210,9 @@ def _ranges(idx: list[int]) -> str:
 def print_table(r: dict[str, Any]) -> None:
     print(f"model: d_model {r['d_model']}, {r['n_layers']} layers, vocab {r['vocab_size']:,}, tied {r['tie_embeddings']}")
     print(f"total parameters            {r['total_params']:>22,}")
-    print(f"active per token            {r['active_params']:>22,}")
-    print(f"active without embedding    {r['active_params_without_embedding']:>22,}")
+    # the model card's "activated" figure excludes the input embedding table (a lookup, not a product)
+    print(f"activated (model card)      {r['active_params_without_embedding']:>22,}   per token, input embedding excluded")
+    print(f"active per token            {r['active_params']:>22,}   every tensor one token touches, embedding included")
     print("\nparameters by kind")
     for k, v in r["params_by_kind"].items():
         print(f"  {k:<38} {v:>22,}")

@@ -112,6 +112,12 @@ class RootConfig:
     ckpt_path: Optional[str] = None
     # where run folders go (relative paths are relative to the working directory)
     output_root: str = "outputs"
+    # branch from another run: its run folder (with init_step, the step of the checkpoint to start from)
+    # or a .ckpt file. The run starts from that checkpoint's weights, optimizer state, step and data
+    # position, under its own config (e.g. a WSD cooldown of another length) in its own folder;
+    # ckpt_path=last then resumes the branch itself
+    init_from: Optional[str] = None
+    init_step: Optional[int] = None
 
     def decoder_config(self) -> DecoderConfig:
         """The model part of this run, checked (``components.model.Decoder(root.decoder_config())``)."""
@@ -237,6 +243,7 @@ def validate(cfg: DictConfig) -> RootConfig:
         fsdp2_precisions = ("32-true", "32", "bf16-mixed", "bf16-true")
         check(t.precision in fsdp2_precisions, "trainer.precision", f"'{t.precision}' is not supported with trainer.strategy=fsdp2; choose one of {', '.join(fsdp2_precisions)}")
 
+    branch_checkpoint(root)  # raises for a missing run folder or step
     root.decoder_config()  # the model side's checks: shapes, slots, layer indices, every component
     for key in ("balancer", "data", "optimizer"):
         getattr(root, key).validate(root.model, key)
@@ -246,6 +253,27 @@ def validate(cfg: DictConfig) -> RootConfig:
     if ranks:
         check(batch % ranks == 0, "data.batch_size", f"{batch} rows cannot be split evenly over the {ranks} data-parallel ranks (trainer.devices x trainer.num_nodes); use a multiple of {ranks}")
     return root
+
+
+def branch_checkpoint(root: RootConfig) -> Optional[str]:
+    """The checkpoint ``init_from`` / ``init_step`` name (None without ``init_from``); ConfigError naming
+    the key when it does not exist."""
+    import os
+
+    if root.init_from is None:
+        check(root.init_step is None, "init_step", "needs init_from (the run folder to branch from)")
+        return None
+    check(root.ckpt_path in (None, "last"), "init_from", f"a run either branches (init_from) or resumes a checkpoint (ckpt_path={root.ckpt_path}), not both; ckpt_path=last resumes a branch")
+    path = root.init_from
+    if os.path.isfile(path) or os.path.isfile(os.path.join(path, ".metadata")):
+        check(root.init_step is None, "init_step", f"init_from={path} is a checkpoint already; init_step applies to a run folder")
+        return path
+    check(os.path.isdir(os.path.join(path, "checkpoints")), "init_from", f"{path} is neither a checkpoint nor a run folder (no checkpoints/ in it)")
+    steps = sorted(int(n[5:-5]) for n in os.listdir(os.path.join(path, "checkpoints")) if n.startswith("step=") and n.endswith(".ckpt"))
+    check(root.init_step is not None, "init_step", f"init_from={path} is a run folder: name the step to branch at (checkpoints at steps {steps})")
+    ckpt = os.path.join(path, "checkpoints", f"step={root.init_step}.ckpt")
+    check(os.path.exists(ckpt), "init_step", f"{path} has no checkpoint at step {root.init_step}; it has steps {steps}")
+    return ckpt
 
 
 def tokens_per_step(root: RootConfig) -> int:

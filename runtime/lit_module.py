@@ -224,7 +224,7 @@ class LanguageModelModule(L.LightningModule):
         total = self.cfg.trainer.max_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
-            lambda step: lr_lambda(step, o.warmup_steps, total, o.schedule, o.min_lr_ratio),
+            lambda step: lr_lambda(step, o.warmup_steps, total, o.schedule, o.min_lr_ratio, o.decay_fraction, o.decay_shape),
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

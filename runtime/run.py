@@ -20,7 +20,7 @@ import time
 from typing import Any, Optional
 
 
-from runtime.config import RootConfig, describe_length, to_container, training_steps
+from runtime.config import RootConfig, branch_checkpoint, describe_length, to_container, training_steps
 from components.layer_plan import describe_plan
 from components.registry import DATASETS
 from runtime import handoff
@@ -168,6 +168,9 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     length = describe_length(root)
     root.trainer.max_steps = training_steps(root)  # a token budget becomes steps; the schedule spans them
     ckpt = resolve_resume(root.ckpt_path, run_dir)
+    branched = ckpt is None and root.init_from is not None
+    if branched:
+        ckpt = branch_checkpoint(root)  # a new run from another run's checkpoint
 
     dataset = DATASETS.build(root.data, root.seed)
     module = LanguageModelModule(root, dataset)
@@ -192,7 +195,7 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
         print(f"model: {model.num_params():,} parameters ({model.active_params():,} active per token), layers: {describe_plan(model.plan)}")
         print(f"training: {length}")
         if ckpt:
-            print(f"resuming from {ckpt}")
+            print(f"{'branching from' if branched else 'resuming from'} {ckpt}")
     if wandb_logger is not None and trainer.is_global_zero:
         run_info["wandb_id"] = wandb_logger.experiment.id
         run_info["wandb_dir"] = wandb_logger.experiment.dir

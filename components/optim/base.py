@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.config import ComponentConfig
-from components.optim.schedule import SCHEDULES
+from components.optim.schedule import DECAY_SHAPES, SCHEDULES
 from components.registry import ConfigError
 
 
@@ -23,10 +23,14 @@ class OptimizerConfig(ComponentConfig):
     eps: float = 1e-8
     weight_decay: float = 0.1
     warmup_steps: int = 100
-    # after warmup: cosine or linear decay from lr to lr * min_lr_ratio over the remaining steps, or
-    # constant (components/optim/schedule.py)
+    # after warmup: cosine or linear decay from lr to lr * min_lr_ratio over the remaining steps,
+    # constant, or wsd (warmup-stable-decay: lr until the last decay_fraction of the run, then a
+    # decay_shape decay to lr * min_lr_ratio) (components/optim/schedule.py)
     schedule: str = "cosine"
     min_lr_ratio: float = 0.1
+    # wsd only: the share of all steps spent decaying, and the decay's shape (linear, cosine, sqrt)
+    decay_fraction: float = 0.2
+    decay_shape: str = "linear"
 
     def validate(self, model: Any, key: str) -> None:
         if not self.lr > 0:
@@ -39,3 +43,7 @@ class OptimizerConfig(ComponentConfig):
             raise ConfigError(f"{key}.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"{key}.schedule", f"'{self.schedule}' is not allowed; choose one of {', '.join(SCHEDULES)}")
+        if not 0 < self.decay_fraction <= 1:
+            raise ConfigError(f"{key}.decay_fraction", f"must be in (0, 1], got {self.decay_fraction}")
+        if self.decay_shape not in DECAY_SHAPES:
+            raise ConfigError(f"{key}.decay_shape", f"'{self.decay_shape}' is not allowed; choose one of {', '.join(DECAY_SHAPES)}")
