@@ -33,6 +33,10 @@ from components.nn.matrix_layout import MatrixLayout
 from components.nn.segments import Segments
 from components.registry import MIXERS, ConfigError
 
+A_LOG_INITS = ("auto", "zero", "log_uniform")
+DT_BIAS_INITS = ("inverse_softplus", "zero")
+
+
 @dataclass
 class KDAConfig(ComponentConfig):
     name: str = "kda"
@@ -47,6 +51,13 @@ class KDAConfig(ComponentConfig):
     # output gate: one d -> H*V matrix (K3) or the low-rank pair d -> head_dim -> H*V (Kimi Linear)
     full_rank_gate: bool = True
     norm_eps: float = 1e-5
+    # A_log at initialisation (sources disagree, docs/k3.md §9): zero (exp(A_log) = 1; fla's safe-gate
+    # init, the K3 report as quoted), log_uniform (log U[1, 16]: the public constructors, Kimi Linear), or
+    # auto (zero for the lower-bound gate, log_uniform for the softplus gate)
+    a_log_init: str = "auto"
+    # dt_bias at initialisation: inverse_softplus (fla: the inverse softplus of dt ~ exp(U[log 1e-3,
+    # log 1e-1])) or zero
+    dt_bias_init: str = "inverse_softplus"
     chunk_size: int = 64
     # torch: pure-PyTorch chunked kernel (any device); fla: fla-core Triton kernels (CUDA); auto
     backend: str = "auto"
@@ -62,6 +73,10 @@ class KDAConfig(ComponentConfig):
             raise ConfigError(f"{key}.chunk_size", f"must be a power of two >= 16, got {self.chunk_size}")
         if self.gate_lower_bound is not None and not self.gate_lower_bound < 0:
             raise ConfigError(f"{key}.gate_lower_bound", f"must be negative (or null for the softplus gate), got {self.gate_lower_bound}")
+        if self.a_log_init not in A_LOG_INITS:
+            raise ConfigError(f"{key}.a_log_init", f"'{self.a_log_init}' is not allowed; choose one of {', '.join(A_LOG_INITS)}")
+        if self.dt_bias_init not in DT_BIAS_INITS:
+            raise ConfigError(f"{key}.dt_bias_init", f"'{self.dt_bias_init}' is not allowed; choose one of {', '.join(DT_BIAS_INITS)}")
         if self.backend not in allowed_backends("kda"):
             raise ConfigError(f"{key}.backend", f"'{self.backend}' is not allowed; choose one of {', '.join(allowed_backends('kda'))}")
         if self.backend == "fla" and self.gate_lower_bound is not None and self.gate_lower_bound < -5:
@@ -166,13 +181,18 @@ class KimiDeltaAttention(Mixer):
         with torch.no_grad():
             if self.A_log.device.type == "meta":
                 return
-            if self.cfg.gate_lower_bound is None:
+            a_log = self.cfg.a_log_init
+            if a_log == "auto":  # exp(A_log) = 1 for the lower-bound gate, which is bounded already
+                a_log = "log_uniform" if self.cfg.gate_lower_bound is None else "zero"
+            if a_log == "log_uniform":
                 self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
             else:
-                self.A_log.zero_()  # exp(A_log) = 1: the lower-bound gate is already bounded
-            # dt in [1e-3, 1e-1] (log-uniform), stored as its inverse softplus
-            dt = torch.exp(torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(1e-1))).clamp(min=1e-4)
-            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+                self.A_log.zero_()
+            if self.cfg.dt_bias_init == "zero":
+                self.dt_bias.zero_()
+            else:  # dt in [1e-3, 1e-1] (log-uniform), stored as its inverse softplus
+                dt = torch.exp(torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(1e-1))).clamp(min=1e-4)
+                self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
     # -- cache ------------------------------------------------------------------------------------
     def new_cache(self, batch_size: int) -> KDACache:

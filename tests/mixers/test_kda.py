@@ -3,6 +3,8 @@ layer equations (docs/k3.md §2.2), chunked vs recurrent paths, and cached decod
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -165,3 +167,17 @@ def test_runs_under_bf16_autocast():
         y = m(x)
     y.float().square().mean().backward()
     assert torch.isfinite(y).all() and m.q_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("a_log_init, gate, expect_zero", [("zero", -5.0, True), ("log_uniform", -5.0, False), ("auto", -5.0, True), ("auto", None, False)])
+def test_a_log_and_dt_bias_initialisation_options(a_log_init, gate, expect_zero):
+    torch.manual_seed(0)
+    layer = KimiDeltaAttention(KDAConfig(n_heads=8, head_dim=16, gate_lower_bound=gate, a_log_init=a_log_init), 64)
+    if expect_zero:
+        assert torch.equal(layer.A_log, torch.zeros_like(layer.A_log))
+    else:  # log U[1, 16]
+        assert bool((layer.A_log >= 0).all() and (layer.A_log <= math.log(16)).all()) and layer.A_log.std() > 0
+    dt = torch.nn.functional.softplus(layer.dt_bias)  # the default stores dt's inverse softplus
+    assert bool((dt >= 1e-3 - 1e-6).all() and (dt <= 0.1 + 1e-6).all())
+    zero = KimiDeltaAttention(KDAConfig(n_heads=8, head_dim=16, gate_lower_bound=gate, dt_bias_init="zero"), 64)
+    assert torch.equal(zero.dt_bias, torch.zeros_like(zero.dt_bias))
