@@ -56,7 +56,9 @@ def _count(module: nn.Module) -> int:
 
 
 def param_counts(model: Decoder) -> dict[str, Any]:
-    total = _count(model)
+    # the training-only MTP depths are not part of the released model: counted apart
+    mtp = _count(model.mtp)
+    total = _count(model) - mtp
     unchosen = sum(layer.ffn.unchosen_expert_params() for layer in model.layers)
     embedding = model.embed.weight.numel()
     kinds: Counter = Counter()
@@ -85,6 +87,8 @@ def param_counts(model: Decoder) -> dict[str, Any]:
         "active_params": total - unchosen,
         "active_params_without_embedding": total - unchosen - embedding,
         "params_by_kind": dict(sorted(kinds.items())),
+        "mtp_params": mtp,
+        "mtp_active_params": mtp - sum(d.ffn.unchosen_expert_params() for d in model.mtp),
     }
 
 
@@ -213,6 +217,8 @@ def print_table(r: dict[str, Any]) -> None:
     # the model card's "activated" figure excludes the input embedding table (a lookup, not a product)
     print(f"activated (model card)      {r['active_params_without_embedding']:>22,}   per token, input embedding excluded")
     print(f"active per token            {r['active_params']:>22,}   every tensor one token touches, embedding included")
+    if r.get("mtp_params"):
+        print(f"MTP layers (training only)  {r['mtp_params']:>22,}   not in the counts above ({r['mtp_active_params']:,} active per token)")
     print("\nparameters by kind")
     for k, v in r["params_by_kind"].items():
         print(f"  {k:<38} {v:>22,}")

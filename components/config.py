@@ -73,10 +73,18 @@ class ModelConfig:
     scale_residual_init: bool = True
     mixer_plan: LayerPattern = field(default_factory=lambda: LayerPattern(repeat=["mixer"]))
     ffn_plan: LayerPattern = field(default_factory=lambda: LayerPattern(repeat=["ffn"]))
+    # multi-token prediction (components/mtp.py): extra training-only layers, depth k predicting the token
+    # k+1 ahead, each built like the last layer; the loss adds mtp_weight x their mean cross-entropy
+    mtp_depth: int = 0
+    mtp_weight: float = 0.3
 
     def validate(self) -> None:
         for name in ("d_model", "n_layers", "vocab_size", "init_std", "norm_eps"):
             check_positive(self, "model", name)
+        if self.mtp_depth < 0:
+            raise ConfigError("model.mtp_depth", f"must be >= 0 (0: no multi-token prediction), got {self.mtp_depth}")
+        if not self.mtp_weight >= 0:
+            raise ConfigError("model.mtp_weight", f"must be >= 0, got {self.mtp_weight}")
 
 
 @dataclass

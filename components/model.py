@@ -24,6 +24,7 @@ from components.config import DecoderConfig
 from components.ffn.base import FFN
 from components.layer_plan import LayerSpec
 from components.mixers.base import Mixer
+from components.mtp import MTPDepth, mtp_losses, mtp_spec
 from components.nn.recompute import checkpointed
 from components.nn.rmsnorm import RMSNorm
 from components.nn.segments import Segments
@@ -82,6 +83,9 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(spec, m.d_model, m.norm_eps, m.init_std, out_std) for spec in self.plan)
         self.residual: ResidualScheme = RESIDUALS.build(cfg.residual, m.d_model, m.n_layers, m.norm_eps)
         self.norm = RMSNorm(m.d_model, m.norm_eps)
+        # training-only multi-token prediction depths (empty unless model.mtp_depth > 0)
+        self.mtp = nn.ModuleList(MTPDepth(mtp_spec(self.plan[-1], m.n_layers, k), m.d_model, m.norm_eps, m.init_std, out_std)
+                                 for k in range(1, m.mtp_depth + 1))
         self.lm_head = nn.Linear(m.d_model, m.vocab_size, bias=False)
         if m.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -118,7 +122,16 @@ class Decoder(nn.Module):
                 segments: Optional[Segments] = None) -> torch.Tensor:
         return self.lm_head(self.hidden_states(input_ids, cache, segments))
 
+    def mtp_losses(self, hidden: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per MTP depth: (summed cross-entropy, scored tokens) on targets shifted by the depth;
+        ``hidden`` is ``hidden_states(input_ids)`` (components/mtp.py). Empty without MTP."""
+        return mtp_losses(self.mtp, self.embed, self.norm, self.lm_head, hidden, input_ids, targets)
+
     # -- accounting -------------------------------------------------------------------------------
+    def mtp_params(self) -> int:
+        """Parameters of the training-only MTP depths (not part of the released model)."""
+        return sum(p.numel() for p in self.mtp.parameters())
+
     def num_params(self, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # tied weights are counted once
         if exclude_embedding:
@@ -130,14 +143,14 @@ class Decoder(nn.Module):
         total = sum(p.numel() for p in self.parameters()) - self.embed.weight.numel()
         if self.lm_head.weight is self.embed.weight:
             total += self.lm_head.weight.numel()
-        for layer in self.layers:
-            total -= layer.ffn.num_params() - layer.ffn.active_params()
+        for block in [*self.layers, *self.mtp]:
+            total -= block.ffn.num_params() - block.ffn.active_params()
         return total
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward = 3 x forward) at a given sequence length."""
         forward = 2.0 * self.active_params()
-        forward += sum(layer.mixer.flops_per_token(seq_len) for layer in self.layers)
+        forward += sum(block.mixer.flops_per_token(seq_len) for block in [*self.layers, *self.mtp])
         return 3.0 * forward
 
     def compile_unfriendly(self) -> list[str]:

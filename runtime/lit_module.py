@@ -75,6 +75,7 @@ class LanguageModelModule(L.LightningModule):
             fully_shard(layer, mesh=mesh)
         fully_shard(self.model, mesh=mesh)  # embedding, head, final norm, residual-scheme weights
         register_fsdp_forward_method(self.model, "hidden_states")  # training calls it, not forward
+        register_fsdp_forward_method(self.model, "mtp_losses")
         for name, p in self.model.named_parameters():
             if name in markers:
                 p._no_weight_decay = markers[name]
@@ -115,12 +116,28 @@ class LanguageModelModule(L.LightningModule):
         finite = torch.isfinite(loss)
         self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
         total = loss_for_grad
+        if len(self.model.mtp):
+            total = total + self._mtp_loss(h, x, y)
         aux = self.balancer.aux_loss(self.model)
         if aux is not None:
             total = total + aux
             self.log("train/aux_loss", aux.detach(), on_step=True, on_epoch=False)
         self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
         return total
+
+    def _mtp_loss(self, h: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``model.mtp_weight`` x the mean over MTP depths of their token-mean cross-entropies (each
+        normalised over the data-parallel micro-batch like the main loss); logs each depth's loss."""
+        terms, losses = [], []
+        for k, (loss_sum, tokens) in enumerate(self.model.mtp_losses(h, x, y), start=1):
+            for_grad, loss = global_token_mean(loss_sum, tokens)
+            terms.append(for_grad)
+            losses.append(loss.detach())
+            self.log(f"train/mtp_loss_{k}", loss.detach(), on_step=True, on_epoch=False)
+        if not terms:  # windows shorter than the MTP depth
+            return h.new_zeros(())
+        self.log("train/mtp_loss", torch.stack(losses).mean(), on_step=True, on_epoch=False)
+        return self.cfg.model.mtp_weight * torch.stack(terms).mean()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # norm before clipping (Lightning clips right after this hook)

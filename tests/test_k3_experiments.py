@@ -34,6 +34,7 @@ def test_k3_small_keeps_the_k3_decisions():
     assert root.mixers["mla"].rope is False and root.mixers["mla"].output_gate and root.mixers["mla"].q_lora_rank
     assert root.ffn.activation == root.ffns["dense"].activation == "situ_glu"
     assert not root.model.tie_embeddings
+    assert root.model.mtp_depth == 1 and root.optimizer.per_head_scope == "qkv"
 
 
 ABLATIONS = {
@@ -43,6 +44,7 @@ ABLATIONS = {
     "k3_small_rope": {"mixers.mla.rope": True},
     "k3_small_no_latent_norm": {"ffn.name": "latent_moe"},
     "k3_small_all_mla": {"model.mixer_plan.repeat": ["mla"], "model.mixer_plan.at": {}},
+    "k3_small_no_mtp": {"model.mtp_depth": 0},
 }
 # fields that belong to the swapped component (they disappear or appear with it) or to the run's name
 INCIDENTAL = ("name", "balancer.", "residual.")
