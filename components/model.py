@@ -122,10 +122,10 @@ class Decoder(nn.Module):
                 segments: Optional[Segments] = None) -> torch.Tensor:
         return self.lm_head(self.hidden_states(input_ids, cache, segments))
 
-    def mtp_losses(self, hidden: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def mtp_losses(self, hidden: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor, segments: Optional[Segments] = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per MTP depth: (summed cross-entropy, scored tokens) on targets shifted by the depth;
-        ``hidden`` is ``hidden_states(input_ids)`` (components/mtp.py). Empty without MTP."""
-        return mtp_losses(self.mtp, self.embed, self.norm, self.lm_head, hidden, input_ids, targets)
+        ``hidden`` is ``hidden_states(input_ids, segments=segments)`` (components/mtp.py). Empty without MTP."""
+        return mtp_losses(self.mtp, self.embed, self.norm, self.lm_head, hidden, input_ids, targets, segments)
 
     # -- accounting -------------------------------------------------------------------------------
     def mtp_params(self) -> int:

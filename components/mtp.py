@@ -16,13 +16,15 @@ Which hidden state MTP reads: the backbone's output as the head sees it, after t
 final read (with AttnRes: the attention over all depth summaries) and the final norm. That is the one
 representation every residual scheme hands to the head, so MTP works unchanged for plain and AttnRes
 models; the depth stream's summaries stay private to the backbone, and the MTP block adds to its own
-plain residual, as DeepSeek-V3's MTP block does. MTP layers are training-only: generation and cached
+plain residual, as DeepSeek-V3's MTP block does. With document masking, depth k keeps position i inside
+the document of the token it reads ahead. MTP layers are training-only: generation and cached
 decoding never run them, and parameter counts of the released model exclude them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +32,7 @@ from torch import nn
 
 from components.layer_plan import LayerSpec
 from components.nn.rmsnorm import RMSNorm
+from components.nn.segments import Segments
 from components.registry import FFNS, MIXERS
 
 IGNORE_INDEX = -100
@@ -49,10 +52,10 @@ class MTPDepth(nn.Module):
         self.ffn_norm = RMSNorm(d_model, norm_eps)
         self.ffn = FFNS.build(spec.ffn, d_model, spec.index, init_std, out_init_std)
 
-    def forward(self, hidden: torch.Tensor, ahead_embedding: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, ahead_embedding: torch.Tensor, segments: Optional[Segments] = None) -> torch.Tensor:
         """``hidden``, ``ahead_embedding``: ``[B, L, d]`` -> this depth's hidden states ``[B, L, d]``."""
         x = self.proj(torch.cat([self.hidden_norm(hidden), self.embed_norm(ahead_embedding)], dim=-1))  # [B, L, d]
-        x = x + self.mixer(self.mixer_norm(x))
+        x = x + (self.mixer(self.mixer_norm(x)) if segments is None else self.mixer(self.mixer_norm(x), segments=segments))
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -62,18 +65,21 @@ def mtp_spec(last: LayerSpec, n_layers: int, depth: int) -> LayerSpec:
 
 
 def mtp_losses(depths: nn.ModuleList, embed: nn.Embedding, final_norm: nn.Module, head: nn.Module,
-               hidden: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+               hidden: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor,
+               segments: Optional[Segments] = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per depth k: (summed cross-entropy, scored tokens) of predicting ``targets`` shifted by k.
 
     ``hidden [B, T, d]``: the backbone's hidden states as its head reads them; ``input_ids``, ``targets``
-    ``[B, T]`` with ``targets[:, i] = input_ids[:, i + 1]`` (or IGNORE_INDEX)."""
+    ``[B, T]`` with ``targets[:, i] = input_ids[:, i + 1]`` (or IGNORE_INDEX). With document ``segments``
+    the block at depth k keeps position i to the document of the token it reads ahead, x_{i+k}."""
     out = []
     h = hidden
     T = input_ids.shape[1]
     for k, depth in enumerate(depths, start=1):
         if T - k < 1:
             break
-        h = depth(h[:, : T - k], embed(input_ids[:, k:]))  # position i sees x_{i+k}: [B, T-k, d]
+        ahead = None if segments is None else Segments(segments.ids[:, k:])
+        h = depth(h[:, : T - k], embed(input_ids[:, k:]), ahead)  # position i sees x_{i+k}: [B, T-k, d]
         y = targets[:, k:]  # x_{i+k+1}
         mask = y != IGNORE_INDEX
         logits = head(final_norm(h)[mask])  # [N, vocab]

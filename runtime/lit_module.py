@@ -21,6 +21,7 @@ from components.balancers.load_stats import bias_rank_divergence, find_routers
 from components.data.base import IGNORE_INDEX, TokenDataset
 from components.distributed import world_size
 from components.model import Decoder
+from components.nn.segments import Segments
 from components.optim.schedule import lr_lambda
 from components.registry import BALANCERS, OPTIMIZERS
 from runtime.compile import compile_mode, compiled_hidden
@@ -96,18 +97,18 @@ class LanguageModelModule(L.LightningModule):
         # cross-entropy in fp32 whatever the activation dtype
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none").view_as(targets)
 
-    def _hidden_states(self, x: torch.Tensor) -> torch.Tensor:
-        """Final hidden states ``[B, T, d]``; with ``data.document_masking`` each token sees only its own
-        document (the end-of-document token begins the next one)."""
-        if not self.dataset.document_masking:
-            return self._hidden(x)
-        from components.nn.segments import Segments
+    def _segments(self, x: torch.Tensor) -> Optional[Segments]:
+        """With ``data.document_masking``: the batch's documents (the end-of-document token begins the next)."""
+        return Segments.from_eod(x, self.dataset.eod_id) if self.dataset.document_masking else None
 
-        return self._hidden(x, segments=Segments.from_eod(x, self.dataset.eod_id))
+    def _hidden_states(self, x: torch.Tensor, segments: Optional[Segments] = None) -> torch.Tensor:
+        """Final hidden states ``[B, T, d]``; with document ``segments`` each token sees only its own document."""
+        return self._hidden(x) if segments is None else self._hidden(x, segments=segments)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        h = self._hidden_states(x)  # [B, T, d]
+        segments = self._segments(x)
+        h = self._hidden_states(x, segments)  # [B, T, d]
         mask = y != IGNORE_INDEX
         # project only the scored positions: on sparse tasks (MQAR) the output layer is most of the work
         logits = self.model.lm_head(h[mask])  # [N, vocab]
@@ -117,7 +118,7 @@ class LanguageModelModule(L.LightningModule):
         self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
         total = loss_for_grad
         if len(self.model.mtp):
-            total = total + self._mtp_loss(h, x, y)
+            total = total + self._mtp_loss(h, x, y, segments)
         aux = self.balancer.aux_loss(self.model)
         if aux is not None:
             total = total + aux
@@ -125,11 +126,11 @@ class LanguageModelModule(L.LightningModule):
         self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
         return total
 
-    def _mtp_loss(self, h: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _mtp_loss(self, h: torch.Tensor, x: torch.Tensor, y: torch.Tensor, segments: Optional[Segments]) -> torch.Tensor:
         """``model.mtp_weight`` x the mean over MTP depths of their token-mean cross-entropies (each
         normalised over the data-parallel micro-batch like the main loss); logs each depth's loss."""
         terms, losses = [], []
-        for k, (loss_sum, tokens) in enumerate(self.model.mtp_losses(h, x, y), start=1):
+        for k, (loss_sum, tokens) in enumerate(self.model.mtp_losses(h, x, y, segments), start=1):
             for_grad, loss = global_token_mean(loss_sum, tokens)
             terms.append(for_grad)
             losses.append(loss.detach())
@@ -217,7 +218,7 @@ class LanguageModelModule(L.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
-        logits = self.model.lm_head(self._hidden_states(x))
+        logits = self.model.lm_head(self._hidden_states(x, self._segments(x)))
         token_loss = self._token_loss(logits, y)
         for k, v in self.dataset.metric_sums(logits, y, token_loss, batch_idx).items():
             v = v.detach().double()

@@ -160,7 +160,7 @@ def test_document_masking_reaches_the_model_in_training(mixer):
                             f"data.document_masking={str(masking).lower()}", "trainer.compile=false")
         module = LanguageModelModule(root, DATASETS.build(root.data, root.seed))
         with torch.no_grad():
-            return module._hidden_states(x)
+            return module._hidden_states(x, module._segments(x))
 
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, 256, (2, 48), generator=g)
