@@ -31,30 +31,37 @@ def _documents(folder: PreparedFolder, split: str) -> list[np.ndarray]:
     return [tokens[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
 
 
-@pytest.fixture(scope="module")
-def docs_bpe(tmp_path_factory):
-    """The embedded natural-language corpus with byte-level BPE 8192, as the README prepares it."""
-    out = tmp_path_factory.mktemp("prep") / "docs-bpe8k"
-    _prepare(["stdlib:docs"], out, "bpe:8192", val_fraction=0.1)
-    return PreparedFolder.open(out)
+@pytest.fixture(scope="module", params=["stdlib:docs", "stdlib:code"])
+def stdlib_bpe(request, tmp_path_factory):
+    """An embedded corpus in byte-level BPE 8192: the natural-language one prepared here, the code one (the
+    default data) from the shared cache, as train.py prepares it."""
+    if request.param == "stdlib:docs":
+        out = tmp_path_factory.mktemp("prep") / "docs-bpe8k"
+        _prepare(["stdlib:docs"], out, "bpe:8192", val_fraction=0.1)
+        return request.param, 0.1, PreparedFolder.open(out)
+    from components.data.text_corpus import CodeConfig, CodeCorpus
+
+    cfg = CodeConfig(seq_len=64, batch_size=2, val_tokens=1024)
+    CodeCorpus(cfg, seed=0)  # prepares it (under the cache's lock) unless already there
+    return request.param, cfg.val_fraction, PreparedFolder.open(cfg.folder())
 
 
-def test_bpe_round_trips_every_validation_document_byte_exactly(docs_bpe):
-    tok = docs_bpe.tokenizer
-    stats = ReadStats()
-    val_texts = [d.text for d in read_documents([expand_input("stdlib:docs")], ReadOptions(), stats) if split_of(d.identity, 0.1) == "val"]
-    encoded = _documents(docs_bpe, "val")
-    assert len(val_texts) == len(encoded) == docs_bpe.meta["splits"]["val"]["documents"] > 20
+def test_bpe_round_trips_every_validation_document_byte_exactly(stdlib_bpe):
+    source, val_fraction, folder = stdlib_bpe
+    tok = folder.tokenizer
+    val_texts = [d.text for d in read_documents([expand_input(source)], ReadOptions(), ReadStats()) if split_of(d.identity, val_fraction) == "val"]
+    encoded = _documents(folder, "val")
+    assert len(val_texts) == len(encoded) == folder.meta["splits"]["val"]["documents"] > 20
     table = tok.token_bytes()
     for text, ids in zip(val_texts, encoded):
-        assert ids[-1] == docs_bpe.eod_id and docs_bpe.eod_id not in ids[:-1]
+        assert ids[-1] == folder.eod_id and folder.eod_id not in ids[:-1]
         assert tok.decode(ids[:-1].tolist()) == text
         assert b"".join(table[i] for i in ids[:-1].tolist()) == text.encode("utf-8")
-    m = docs_bpe.meta
+    m = folder.meta
     assert m["vocab_size"] == 8192 and m["dtype"] == "uint16" and m["token_bytes_exact"]
     assert m["splits"]["val"]["bytes"] == sum(len(t.encode()) for t in val_texts)
     bytes_per_token = m["splits"]["train"]["bytes"] / (m["splits"]["train"]["tokens"] - m["splits"]["train"]["documents"])
-    assert 3.0 < bytes_per_token < 5.0  # English text with an 8k BPE
+    assert 3.0 < bytes_per_token < 5.0  # text and code with an 8k BPE
 
 
 def test_folder_layout_and_meta(tmp_path):
