@@ -63,4 +63,6 @@ def compiled_hidden(model: Decoder, mode: str, backend: str = "inductor") -> Cal
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
     for layer in model.layers:
         layer.compile(dynamic=False, backend=backend)
+    for depth in model.mtp:  # training-only MTP depths: one more layer each
+        depth.compile(dynamic=False, backend=backend)
     return model.hidden_states

@@ -107,3 +107,19 @@ def test_training_logs_the_mtp_loss_per_depth(tmp_path):
     assert len(logged) == 3 and all({"train/mtp_loss_1", "train/mtp_loss_2"} <= set(r) for r in logged)
     assert all(r["train/mtp_loss"] == pytest.approx((r["train/mtp_loss_1"] + r["train/mtp_loss_2"]) / 2, rel=1e-5) for r in logged)
     assert all(F.relu(torch.tensor(r["train/mtp_loss_1"])) > 0 for r in logged)
+
+
+def test_layer_compilation_covers_the_mtp_depths_with_the_same_losses():
+    from runtime.compile import compiled_hidden
+
+    torch._dynamo.reset()
+    eager = tiny_model("experiment=k3_tiny", "model.mtp_depth=1").float()
+    compiled = tiny_model("experiment=k3_tiny", "model.mtp_depth=1").float()
+    hidden = compiled_hidden(compiled, "layers", backend="aot_eager")
+    ids = torch.randint(0, eager.vocab_size, (2, 33), generator=torch.Generator().manual_seed(3))
+    x, y = ids[:, :-1], ids[:, 1:]
+    with torch.no_grad():
+        (want, _), = eager.mtp_losses(eager.hidden_states(x), x, y)
+        (got, _), = compiled.mtp_losses(hidden(x), x, y)
+    assert compiled.mtp[0]._compiled_call_impl is not None  # the depth runs compiled
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -23,7 +23,12 @@ def test_the_studies_exist():
 SMOKE_POINTS = {"mixers": "gqa,k3_hybrid", "moe_form": "dense,stable_latent_moe", "balancer": "none,qb", "residual": "full_attnres,block2"}
 
 
-@pytest.mark.parametrize("study", [s for s in STUDIES if s != "k3_decisions"])
+# the default suite runs the core studies' smoke variants; every study's jobs still compose and validate
+# below, and -m slow runs every smoke variant
+SLOW_SMOKE = {"k3_decisions", "ffn_activation", "lr_search", "tokenizers"}
+
+
+@pytest.mark.parametrize("study", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SMOKE else s for s in STUDIES])
 def test_study_smoke_runs_end_to_end(tmp_path, study):
     _smoke(tmp_path, study, SMOKE_POINTS.get(study))
 

@@ -14,7 +14,8 @@ from runtime.jsonl_logger import read_metrics
 from tests.helpers import compose_root, run_train
 from tests.training.test_train import FAST, only_run_dir
 
-K3_TINY = ("experiment=k3_tiny",)  # KDA x 3 + MLA, dense layer 0 then Stable LatentMoE, QB, block AttnRes
+K3_TINY = ("experiment=k3_tiny", "model.mtp_depth=0")  # KDA x 3 + MLA, dense layer 0 then Stable LatentMoE, QB, block AttnRes; the
+# checkpointed decoder layers only (MTP depths run beside them in training, not in these forwards)
 
 
 def _model(root, checkpointing: bool) -> tuple[Decoder, object]:

@@ -43,6 +43,7 @@ def test_short_run_writes_metrics_checkpoints_and_summary(tmp_path):
     assert "xz-9e" in result.stdout and "bpb" in result.stdout
 
 
+@pytest.mark.slow  # 20 steps of the default-size model; the tiny-model runs here cover the same path
 def test_named_ablation_from_the_readme(tmp_path):
     """`mixer=mqa ffn.activation=swiglu trainer.max_steps=20` trains the default-size model."""
     result = run_train("mixer=mqa", "ffn.activation=swiglu", "trainer.max_steps=20", "trainer.compile=false", "trainer.max_time_minutes=null", "data.val_tokens=8192", "trainer.log_every_n_steps=1",
