@@ -54,6 +54,8 @@ class TrainerConfig:
     limit_val_batches: Optional[int] = None
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 250
+    # keep only the newest N periodic checkpoints (step=*.ckpt; last.ckpt is always kept); None: keep all
+    keep_last_checkpoints: Optional[int] = None
     enable_progress_bar: bool = True
     deterministic: bool = False
     # torch.compile the model: "true", "false", or "auto" (compile when a C++ compiler is on PATH,
@@ -234,6 +236,7 @@ def validate(cfg: DictConfig) -> RootConfig:
     check(t.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches", f"must be >= 1, got {t.accumulate_grad_batches}")
     check(t.val_check_interval > 0, "trainer.val_check_interval", f"must be positive, got {t.val_check_interval}")
     check(t.checkpoint_every_n_steps > 0, "trainer.checkpoint_every_n_steps", f"must be positive, got {t.checkpoint_every_n_steps}")
+    check(t.keep_last_checkpoints is None or t.keep_last_checkpoints >= 1, "trainer.keep_last_checkpoints", f"must be at least 1 (or null: keep every checkpoint), got {t.keep_last_checkpoints}")
     check(t.num_nodes >= 1, "trainer.num_nodes", f"must be >= 1, got {t.num_nodes}")
     devices_ok = t.devices == "auto" or (isinstance(t.devices, int) and t.devices >= 1) or (isinstance(t.devices, list) and len(t.devices) > 0)
     check(devices_ok, "trainer.devices", f"must be a positive number of processes per node, a list of device indices or 'auto', got {t.devices!r}")

@@ -180,7 +180,8 @@ def config_fingerprint(root: Any) -> str:
     data = to_container(root)
     data.pop("ckpt_path", None)
     data.pop("callbacks", None)  # extra callbacks observe or interrupt a run; they do not make it another run
-    for key in ("profiler", "activation_checkpointing"):  # how a run is observed or fits in memory, not what it trains
+    # how a run is observed, fits in memory or keeps its checkpoints, not what it trains
+    for key in ("profiler", "activation_checkpointing", "keep_last_checkpoints"):
         data["trainer"].pop(key, None)
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:6]
 

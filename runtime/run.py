@@ -109,7 +109,10 @@ def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list
         auto_insert_metric_name=False,
         every_n_train_steps=t.checkpoint_every_n_steps,
         save_last=True,
-        save_top_k=-1,
+        # the newest N by step (Lightning offers "step" as a monitor), or every one
+        save_top_k=-1 if t.keep_last_checkpoints is None else t.keep_last_checkpoints,
+        monitor=None if t.keep_last_checkpoints is None else "step",
+        mode="max",
         save_on_train_epoch_end=False,
     )
     max_time = {"minutes": t.max_time_minutes} if t.max_time_minutes else None

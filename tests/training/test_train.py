@@ -43,6 +43,14 @@ def test_short_run_writes_metrics_checkpoints_and_summary(tmp_path):
     assert "xz-9e" in result.stdout and "bpb" in result.stdout
 
 
+def test_keep_last_checkpoints_keeps_the_newest_periodic_ones(tmp_path):
+    result = run_train(*FAST, "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=2", "trainer.keep_last_checkpoints=2",
+                       "trainer.val_check_interval=100", f"output_root={tmp_path}", "logger=csv")
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = sorted(p.name for p in (only_run_dir(tmp_path) / "checkpoints").iterdir())
+    assert names == ["last.ckpt", "step=6.ckpt", "step=8.ckpt"], names
+
+
 @pytest.mark.slow  # 20 steps of the default-size model; the tiny-model runs here cover the same path
 def test_named_ablation_from_the_readme(tmp_path):
     """`mixer=mqa ffn.activation=swiglu trainer.max_steps=20` trains the default-size model."""
@@ -155,3 +163,15 @@ def test_linear_and_latent_attention_train(tmp_path, mixer, data):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["val"]["loss"] < 20
+
+
+def test_keep_last_checkpoints_must_keep_one():
+    from components.registry import ConfigError
+    from tests.helpers import compose_root
+
+    with pytest.raises(ConfigError, match="trainer.keep_last_checkpoints: must be at least 1"):
+        compose_root("trainer.keep_last_checkpoints=0")
+    # how many checkpoints a run keeps does not make it another run (ckpt_path=last still finds it)
+    from runtime.launch import config_fingerprint
+
+    assert config_fingerprint(compose_root("trainer.keep_last_checkpoints=3")) == config_fingerprint(compose_root())
