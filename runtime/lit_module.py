@@ -25,7 +25,7 @@ from components.nn.segments import Segments
 from components.optim.schedule import lr_lambda
 from components.registry import BALANCERS, OPTIMIZERS
 from runtime.compile import compile_mode, compiled_hidden
-from runtime.config import RootConfig
+from runtime.config import RootConfig, to_container
 from runtime.data_parallel_loss import global_token_mean
 
 
@@ -202,6 +202,7 @@ class LanguageModelModule(L.LightningModule):
         from runtime import rng_state
 
         checkpoint["rng_states"] = rng_state.gather_all_ranks()  # collective: runs on every rank
+        checkpoint["run_config"] = to_container(self.cfg)  # a checkpoint alone rebuilds its model (runtime/load_run.py)
         checkpoint["nonfinite_skipped_steps"] = [self.skipped_steps, self.skipped_in_a_row]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

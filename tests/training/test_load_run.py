@@ -1,0 +1,67 @@
+"""load_run: a run folder or a checkpoint file alone gives back the run's config and trained model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from components.registry import DATASETS
+from runtime.config import to_container
+from runtime.load_run import RunLoadError, load_run
+from tests.helpers import run_train
+from tests.training.test_train import FAST, only_run_dir
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("load")
+    result = run_train(*FAST, "mixer=kda", "model.mtp_depth=1", "trainer.max_steps=4", "trainer.val_check_interval=100",
+                       "trainer.checkpoint_every_n_steps=2", f"output_root={root}", "logger=csv")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return only_run_dir(root)
+
+
+def test_a_checkpoint_alone_gives_the_config_and_the_trained_model(trained, tmp_path):
+    alone = tmp_path / "model.ckpt"
+    shutil.copy(trained / "checkpoints" / "last.ckpt", alone)  # outside its run folder
+    root, model = load_run(str(alone), dtype=torch.float64)
+    assert root.mixer.name == "kda" and root.model.mtp_depth == 1 and root.trainer.max_steps == 4
+    assert not model.training and next(model.parameters()).dtype == torch.float64
+    # the loaded weights give the validation loss the run itself reported at its end
+    data = DATASETS.build(root.data, root.seed)
+    loss_sum, tokens = 0.0, 0
+    with torch.no_grad():
+        for x, y in data.val_batches():
+            logits = model(x)
+            loss_sum += float(F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum"))
+            tokens += y.numel()
+    final = json.loads((trained / "summary.json").read_text())["val"]["loss"]
+    assert loss_sum / tokens == pytest.approx(final, rel=1e-5)
+    again, _ = load_run(str(trained))  # the run folder resolves to its newest checkpoint
+    assert to_container(again) == to_container(root)
+
+
+def test_a_run_folder_falls_back_past_an_unreadable_last_checkpoint(trained, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    last = copy / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])
+    root, model = load_run(str(copy))
+    _, reference = load_run(str(trained / "checkpoints" / "step=4.ckpt"))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+
+
+def test_what_cannot_be_loaded_is_named(tmp_path):
+    with pytest.raises(RunLoadError, match="no such run folder or checkpoint file"):
+        load_run(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunLoadError, match="no checkpoint in"):
+        load_run(str(tmp_path / "empty"))
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(RunLoadError, match="unreadable"):
+        load_run(str(bad))
