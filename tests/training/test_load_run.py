@@ -65,3 +65,38 @@ def test_what_cannot_be_loaded_is_named(tmp_path):
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(RunLoadError, match="unreadable"):
         load_run(str(bad))
+
+
+def test_generate_command_streams_a_continuation(trained, capsys):
+    from analysis.generate import main
+
+    assert main([str(trained), "--prompt", "def main():", "--max-new-tokens", "12", "--temperature", "0.8", "--top-p", "0.9", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("def main():") and "new tokens at" in out and "tokens/s" in out and "(kda," in out
+    # the same seed gives the same text; greedy decoding equals the library's greedy generate
+    assert main([str(trained), "--prompt", "def main():", "--max-new-tokens", "12", "--temperature", "0.8", "--top-p", "0.9", "--seed", "1"]) == 0
+    assert capsys.readouterr().out.split("\n\n[")[0] == out.split("\n\n[")[0]
+
+
+def test_generate_refuses_what_it_cannot_load(tmp_path, capsys):
+    from analysis.generate import main
+
+    assert main([str(tmp_path / "nope"), "--prompt", "x"]) == 2
+    assert "analysis.generate: error:" in capsys.readouterr().err
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    from components.generate import generate
+
+    class Fixed(torch.nn.Module):  # a "model" whose next-token distribution is fixed: p = [0.5, 0.3, 0.15, 0.05]
+        def new_cache(self):
+            return None
+
+        def forward(self, ids, cache=None):
+            logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+            return logits.expand(ids.shape[0], ids.shape[1], 4)
+
+    g = torch.Generator().manual_seed(0)
+    out = generate(Fixed(), torch.zeros(1, 1, dtype=torch.long), 400, temperature=1.0, top_p=0.75, generator=g)[0, 1:]
+    assert set(out.tolist()) == {0, 1}  # 0.5 + 0.3 reaches 0.75; tokens 2 and 3 are never drawn
+    assert 0.55 < (out == 0).float().mean() < 0.70  # renormalised: 0.5 / 0.8 = 0.625

@@ -1,0 +1,110 @@
+"""Generate text from a trained run, streamed through the decoder's cache.
+
+    python -m analysis.generate RUN_OR_CHECKPOINT --prompt "def fibonacci(n):" [--max-new-tokens 200]
+        [--temperature 0.8] [--top-k 50] [--top-p 0.95] [--seed 0] [--device cpu]
+
+The tokenizer is the run's: bytes for ``data=corpus``, the prepared folder's ``tokenizer.json`` for
+``data=code`` / ``text`` / ``memmap`` (a prepared folder) / ``mixture``. Prints the prompt and the
+continuation as it is generated, then the prefill time and the decoding speed in tokens per second.
+Exit status 2, with one message, for a run that cannot be loaded or data without a tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from components.data.text.prepared import PreparedFolder, PreparedFolderError, is_prepared
+from components.data.text.tokenizers import ByteTokenizer, TextTokenizer
+from components.generate import generate
+from runtime.load_run import RunLoadError, load_run
+
+
+class NoTokenizerError(ValueError):
+    """The run's data has no tokenizer to turn a prompt into tokens."""
+
+
+def run_tokenizer(data) -> TextTokenizer:
+    """The tokenizer a run's data config was tokenised with."""
+    name = data.name
+    if name == "corpus":
+        return ByteTokenizer()  # bytes plus the file separator 256, as the byte corpus
+    if name in ("text", "code"):
+        folder = data.folder()
+        if not is_prepared(folder):
+            raise NoTokenizerError(f"the run's data ({name}) is not prepared on this machine ({folder}); train or prepare it here first")
+    elif name == "memmap" and is_prepared(data.path):
+        folder = data.path
+    elif name == "mixture":
+        folder = next(iter(data.sources.values()))["path"]
+    else:
+        raise NoTokenizerError(f"the run's data ({name}) has no tokenizer (bare token files or synthetic data): nothing turns a text prompt into its tokens")
+    try:
+        return PreparedFolder.open(folder).tokenizer
+    except PreparedFolderError as err:
+        raise NoTokenizerError(str(err)) from None
+
+
+class _Stream:
+    """Prints the decoded continuation as tokens arrive, holding back an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer: TextTokenizer):
+        self.tokenizer, self.ids, self.printed = tokenizer, [], 0
+
+    def __call__(self, token: torch.Tensor) -> None:
+        self.ids.append(int(token[0, 0]))
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return
+        sys.stdout.write(text[self.printed:])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis.generate", description=__doc__.split("\n\n")[0])
+    p.add_argument("run", help="a run folder or a checkpoint file")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+    try:
+        root, model = load_run(args.run, device=args.device)
+        tokenizer = run_tokenizer(root.data)
+        if args.temperature < 0 or (args.top_p is not None and not 0 < args.top_p <= 1) or args.max_new_tokens < 1:
+            raise ValueError("--temperature must be >= 0, --top-p in (0, 1], --max-new-tokens >= 1")
+    except (RunLoadError, NoTokenizerError, ValueError) as err:
+        print(f"analysis.generate: error: {err}", file=sys.stderr)
+        return 2
+    ids = tokenizer.encode_batch([args.prompt])[0].tolist() or [tokenizer.eod_id]
+    prompt = torch.tensor([ids], dtype=torch.long, device=args.device)
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    stream = _Stream(tokenizer)
+    sys.stdout.write(args.prompt)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+
+    def on_token(token: torch.Tensor) -> None:
+        timings.setdefault("first", time.perf_counter())
+        stream(token)
+
+    out = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   generator=generator, on_token=on_token)
+    end = time.perf_counter()
+    new = out.shape[1] - prompt.shape[1]
+    prefill = timings.get("first", end) - start
+    decode_rate = (new - 1) / max(end - timings.get("first", end), 1e-9) if new > 1 else 0.0
+    print(f"\n\n[{prompt.shape[1]} prompt tokens, prefill {prefill * 1000:.0f} ms; {new} new tokens at {decode_rate:.1f} tokens/s "
+          f"({root.mixer.name}, {model.num_params():,} parameters, {args.device})]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
