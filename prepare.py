@@ -20,6 +20,7 @@ import sys
 
 from components.data.text.documents import BINARY_POLICIES, FORMATS, ReadOptions
 from components.data.text.pipeline import PrepareError, PrepareOptions, prepare
+from components.data.text.prepared import bytes_per_token
 
 
 def parser() -> argparse.ArgumentParser:
@@ -67,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         mb = sum(s["bytes"] for s in m["splits"].values()) / 1e6
         print(f"prepared {result.folder} in {result.seconds:.1f} s ({mb / max(result.seconds, 1e-9):.2f} MB/s of text)")
     for split, s in m["splits"].items():
-        per_token = s["bytes"] / max(s["tokens"] - s["documents"], 1)
-        print(f"  {split}: {s['documents']:,} documents, {s['tokens']:,} tokens, {s['bytes']:,} UTF-8 bytes ({per_token:.2f} bytes per token)")
+        print(f"  {split}: {s['documents']:,} documents, {s['tokens']:,} tokens, {s['bytes']:,} UTF-8 bytes ({bytes_per_token(s):.2f} bytes per token)")
     r = m["read"]
     if r.get("binary_files_skipped") or r.get("replaced_characters") or r.get("empty_documents"):
         print(f"  skipped {r['binary_files_skipped']} binary file(s), {r['empty_documents']} empty document(s); replaced {r['replaced_characters']} undecodable byte sequence(s) with U+FFFD")

@@ -78,6 +78,12 @@ def stdlib_sources(root: Path) -> list[str]:
     return sorted(found)
 
 
+def stdlib_fingerprint(root: Path, files: list[str]) -> list:
+    """What identifies this Python's standard-library sources without reading them: the interpreter
+    version, the folder, and every file's relative path and size."""
+    return [sys.version, str(root), [(f, os.path.getsize(root / f)) for f in files]]
+
+
 def is_validation(relpath: str, val_percent: float) -> bool:
     h = int.from_bytes(hashlib.sha256(relpath.encode()).digest()[:8], "big")
     return (h % 10_000) < val_percent * 100
@@ -102,8 +108,9 @@ def build_corpus_cache(val_percent: float, cache_dir: Optional[str] = None) -> P
     files = stdlib_sources(root)
     if not files:
         raise FileNotFoundError(f"no .py files found under the standard library folder {root}")
+    version, folder_name, sizes = stdlib_fingerprint(root, files)
     fingerprint = hashlib.sha256(
-        json.dumps([sys.version, str(root), val_percent, [(f, os.path.getsize(root / f)) for f in files]]).encode()
+        json.dumps([version, folder_name, val_percent, sizes]).encode()
     ).hexdigest()[:16]
     folder = Path(cache_dir) if cache_dir else default_cache_dir()
     folder = folder / f"stdlib-corpus-{fingerprint}"

@@ -14,12 +14,11 @@ import glob
 import hashlib
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
-from components.data.corpus import is_validation, stdlib_root, stdlib_sources
+from components.data.corpus import is_validation, stdlib_fingerprint, stdlib_root, stdlib_sources
 
 EMBEDDED = ("stdlib:code", "stdlib:docs")
 FORMATS = ("auto", "text", "jsonl", "parquet")
@@ -114,8 +113,7 @@ def fingerprint_inputs(inputs: list[list[InputFile] | str]) -> str:
     for item in inputs:
         if isinstance(item, str):
             root = stdlib_root()
-            files = stdlib_sources(root)
-            h.update(json.dumps([item, sys.version, [(f, os.path.getsize(root / f)) for f in files]]).encode())
+            h.update(json.dumps([item, stdlib_fingerprint(root, stdlib_sources(root))]).encode())
             continue
         for f in item:
             h.update(f.name.encode() + b"\0" + f.format.encode() + b"\0")

@@ -41,6 +41,7 @@ from components.data.text.tokenizers import (
     dtype_for_vocab,
     load_tokenizer_file,
     parse_bpe_spec,
+    spec_vocab_size,
     train_bpe,
 )
 
@@ -125,9 +126,8 @@ def prepare(opts: PrepareOptions, log: Callable[[str], None] = print) -> Prepare
         tokenizer_identity = _tokenizer_identity(opts.tokenizer, opts.eod_token)
     except (InputError, TokenizerError) as err:
         raise PrepareError(str(err)) from None
-    if opts.dtype != "auto":
-        n = parse_bpe_spec(opts.tokenizer)
-        _choose_dtype(opts, n if n is not None else (257 if opts.tokenizer == "bytes" else load_tokenizer_file(opts.tokenizer, opts.eod_token).vocab_size))
+    if opts.dtype != "auto":  # refuse a dtype too small before any input is read
+        _choose_dtype(opts, spec_vocab_size(opts.tokenizer, opts.eod_token))
     options = {"format": FORMAT, "version": VERSION, "inputs": opts.inputs, "tokenizer": tokenizer_identity,
                "val_fraction": opts.val_fraction, "read": asdict(opts.read), "eod_token": opts.eod_token, "dtype": opts.dtype}
     prepare_hash = hashlib.sha256(json.dumps([options, fingerprint_inputs(expanded)], sort_keys=True).encode()).hexdigest()[:16]

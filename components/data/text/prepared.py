@@ -29,6 +29,11 @@ SPLITS = ("train", "val")
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
 
+def bytes_per_token(split: dict) -> float:
+    """UTF-8 bytes per text token of a split's ``meta.json`` counts (end-of-document tokens excluded)."""
+    return split["bytes"] / max(split["tokens"] - split["documents"], 1)
+
+
 class PreparedFolderError(ValueError):
     """A folder that is not a usable prepared folder; the message names it and what is wrong."""
 
@@ -101,4 +106,4 @@ class PreparedFolder:
         s = self.meta["splits"]
         return (f"{self.path} ({self.meta['tokenizer']['spec']}, vocab {self.vocab_size:,}): "
                 f"{s['train']['tokens']:,} train / {s['val']['tokens']:,} val tokens, "
-                f"{s['val']['bytes'] / max(s['val']['tokens'] - s['val']['documents'], 1):.2f} bytes per token")
+                f"{bytes_per_token(s['val']):.2f} bytes per token")

@@ -18,7 +18,7 @@ import torch
 
 from components.data.base import IGNORE_INDEX, TokenStreamDataset
 from components.data.corpus import compressed_bits_per_byte
-from components.data.text.prepared import PreparedFolder
+from components.data.text.prepared import PreparedFolder, bytes_per_token
 
 
 class PreparedStream(TokenStreamDataset):
@@ -48,8 +48,7 @@ class PreparedStream(TokenStreamDataset):
         lengths[: len(table)] = [len(b) for b in table]
         self.exact = bool(folder.meta.get("token_bytes_exact", False))
         if not self.exact:  # the split's average, for every non-special token
-            s = folder.meta["splits"]["val"]
-            lengths = np.where(lengths > 0, s["bytes"] / max(s["tokens"] - s["documents"], 1), 0.0)
+            lengths = np.where(lengths > 0, bytes_per_token(folder.meta["splits"]["val"]), 0.0)
         self._lengths_cpu = torch.from_numpy(lengths).double()
         self._lengths: dict[torch.device, torch.Tensor] = {}
 

@@ -207,14 +207,17 @@ def load_prepared_tokenizer(folder: Path, described: dict) -> TextTokenizer:
     if described["kind"] == "bytes":
         tok: TextTokenizer = ByteTokenizer()
     else:
+        from tokenizers import Tokenizer
+
         path = folder / TOKENIZER_FILE
         if not path.is_file():
             raise TokenizerError(f"{folder}: meta.json names a {described['kind']} tokenizer but {TOKENIZER_FILE} is missing")
-        eod = None
-        tok = load_tokenizer_file(path, spec=described.get("spec"), eod_token=None)
-        if tok.eod_id != described["eod_id"]:
-            eod = tok.tok.id_to_token(described["eod_id"])
-            tok = load_tokenizer_file(path, spec=described.get("spec"), eod_token=eod)
+        try:
+            raw = Tokenizer.from_file(str(path))
+        except Exception as err:  # the Rust side raises a plain Exception with its parser's message
+            raise TokenizerError(f"tokenizer file {path} does not load as a Hugging Face tokenizer.json: {str(err).splitlines()[0]}") from None
+        # the end-of-document token is the one meta.json records, whatever the file's other specials
+        tok = HFTokenizer(raw, described["kind"], described.get("spec", str(path)), raw.id_to_token(described["eod_id"]))
     if tok.fingerprint() != described["hash"]:
         raise TokenizerError(f"{folder}: the tokenizer there (hash {tok.fingerprint()}) is not the one meta.json says the tokens were made with (hash {described['hash']}); prepare the folder again")
     return tok
