@@ -2,15 +2,19 @@
 
     python -m benchmarks.k3_speed [--batch 32 --seq 256 --rounds 4 --curve-steps 50 --curve-batch 8]
 
-Three ways to run one training step (forward, fp32 loss, backward, Muon with per-head updates, the QB
-bias update), each from the same initial weights, timed in interleaved rounds (one step of each per
-round, order rotated) so background load hits all alike:
+Four ways to run one training step (forward, fp32 loss with the MTP depth's, backward, Muon with
+per-head updates, the QB bias update), each from the same initial weights, timed in interleaved rounds
+(one step of each per round, order rotated) so background load hits all alike:
 
 * ``eager fp32``: no autocast, no compile;
-* ``eager bf16``: bf16 autocast, no compile -- what ``trainer.compile=auto`` ran for K3 before it compiled
-  models with eager islands (the reference);
-* ``fast``: bf16 autocast, each decoder layer compiled around its eager islands (runtime/compile.py) --
-  what the trainer runs now.
+* ``eager bf16``: bf16 autocast, no compile, experts dispatched as one padded product per expert
+  (``ffn.dispatch=padded_bmm``, what ``auto`` chose on the CPU in bf16 before the blocked dispatch) --
+  the eager path ``trainer.compile=auto`` ran for K3 before it compiled models with eager islands (the
+  reference);
+* ``eager blocked``: the same with the blocked expert dispatch ``auto`` chooses now: how much of the gain
+  is the dispatch alone;
+* ``fast``: bf16 autocast, blocked dispatch, each decoder layer compiled around its remaining eager
+  islands (runtime/compile.py) -- what the trainer runs now.
 
 Then the loss curves: ``--curve-steps`` steps of the eager reference and of the fast path from the same
 weights on the same corpus batches, and the largest difference between them (bf16 noise is ~1e-2).
@@ -28,7 +32,13 @@ from benchmarks.train_step import train_setup
 from runtime.launch import validate_overrides
 from runtime.cpu_allocator import keep_freed_memory
 
-PATHS = {"eager fp32": ("off", "fp32"), "eager bf16": ("off", "bf16"), "fast": ("layers", "bf16")}
+# name: (compile mode, precision, extra overrides)
+PATHS = {
+    "eager fp32": ("off", "fp32", []),  # auto: grouped_mm in fp32, as before
+    "eager bf16": ("off", "bf16", ["ffn.dispatch=padded_bmm"]),
+    "eager blocked": ("off", "bf16", []),
+    "fast": ("layers", "bf16", []),
+}
 REFERENCE = "eager bf16"
 
 
@@ -68,25 +78,25 @@ def main(argv: list[str] | None = None) -> int:
     ids = corpus_batches(validate_overrides(list(overrides)), 1, args.batch, args.seq)[0]
     steps = {}
     for name in names:
-        compile, precision = PATHS[name]
-        _, step = train_setup(validate_overrides(list(overrides)), torch.device("cpu"), compile, precision=precision)
+        compile, precision, extra = PATHS[name]
+        _, step = train_setup(validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision)
         steps[name] = (lambda s=step: s(ids))
     t0 = time.perf_counter()
     sec = medians(time_interleaved(steps, args.rounds, warmup=args.warmup))
     tokens = args.batch * args.seq
     ref = sec.get(REFERENCE)
-    print(f"{'path':12s} {'s/step':>8s} {'tokens/s':>9s} {'vs ' + REFERENCE:>14s}")
+    print(f"{'path':14s} {'s/step':>8s} {'tokens/s':>9s} {'vs ' + REFERENCE:>14s}")
     for name in names:
         ratio = f"{ref / sec[name]:.2f}x" if ref else "-"
-        print(f"{name:12s} {sec[name]:8.3f} {tokens / sec[name]:9,.0f} {ratio:>14s}")
+        print(f"{name:14s} {sec[name]:8.3f} {tokens / sec[name]:9,.0f} {ratio:>14s}")
     print(f"(measured in {time.perf_counter() - t0:.0f} s, compilation included)")
 
     if args.curve_steps > 0 and REFERENCE in names and "fast" in names:
         batches = corpus_batches(validate_overrides(list(overrides)), args.curve_steps, args.curve_batch, args.seq)
         curves = {}
         for name in (REFERENCE, "fast"):
-            compile, precision = PATHS[name]
-            _, step = train_setup(validate_overrides(list(overrides)), torch.device("cpu"), compile, precision=precision)
+            compile, precision, extra = PATHS[name]
+            _, step = train_setup(validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision)
             curves[name] = [float(step(b)) for b in batches]
         diff = [abs(a - b) for a, b in zip(curves[REFERENCE], curves["fast"])]
         ref_curve, fast_curve = curves[REFERENCE], curves["fast"]

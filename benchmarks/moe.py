@@ -3,8 +3,8 @@ the same active FLOPs, and each balancer's per-step update.
 
     PYTHONPATH=. python benchmarks/moe.py [--iters 10 --dtype fp32 --device cpu] [--only experts|forms|balancers]
 
-1. experts: routed-expert forward+backward, grouped dispatch (grouped_mm, padded bmm) vs the per-expert loop
-   (random top-k routing with mildly uneven loads).
+1. experts: routed-expert forward+backward, each grouped dispatch (grouped_mm, blocked, padded bmm) vs the
+   per-expert loop (random top-k routing with mildly uneven loads).
 2. forms: forward+backward of ``moe``, ``latent_moe`` and ``stable_latent_moe`` (router, dispatch, latent
    projections, no shared experts), each against a dense SiTU-GLU FFN whose hidden width gives the same
    parameters per token (default 4096 tokens, d 512, 64 experts top-4 of width 256; ``--form-size``).
@@ -78,7 +78,9 @@ def fwd_bwd(module: torch.nn.Module, x: torch.Tensor, gy: torch.Tensor) -> Calla
 def bench_experts(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
     act = glu_activation("situ_glu", beta=4.0, linear_beta=25.0)
     print("\n[experts] routed experts forward+backward")
-    print(f"{'tokens':>6} {'E':>4} {'k':>2} {'d':>5} {'m':>5} | {'loop ms':>9} {'grouped_mm ms':>13} {'padded_bmm ms':>13} | {'loop/grouped':>12} {'loop/padded':>11}")
+    backends = ("grouped_mm", "blocked", "padded_bmm")
+    print(f"{'tokens':>6} {'E':>4} {'k':>2} {'d':>5} {'m':>5} | {'loop ms':>9} " + " ".join(f"{b + ' ms':>13}" for b in backends)
+          + " | " + " ".join(f"{'loop/' + b:>16}" for b in backends))
     for N, E, k, d, m in SIZES:
         torch.manual_seed(0)
         ex = RoutedExperts(E, d, m, act, init_std=0.05).to(device=device, dtype=dtype)
@@ -100,15 +102,13 @@ def bench_experts(args: argparse.Namespace, device: torch.device, dtype: torch.d
 
             return step
 
-        fns = {"loop": run("loop"), "padded_bmm": run("padded_bmm")}
+        fns = {b: run(b) for b in ("loop", "blocked", "padded_bmm")}
         if grouped_mm_supported(x, ex.w1.transpose(-2, -1)):
             fns["grouped_mm"] = run("grouped_mm")
         t = time_interleaved(fns, args.iters, args.warmup, device)
-        tg = t.get("grouped_mm", float("nan"))
-        print(
-            f"{N:>6} {E:>4} {k:>2} {d:>5} {m:>5} | {1e3 * t['loop']:>9.2f} {1e3 * tg:>13.2f} {1e3 * t['padded_bmm']:>13.2f} | "
-            f"{t['loop'] / tg:>12.2f} {t['loop'] / t['padded_bmm']:>11.2f}"
-        )
+        ms = {b: t.get(b, float("nan")) for b in backends}
+        print(f"{N:>6} {E:>4} {k:>2} {d:>5} {m:>5} | {1e3 * t['loop']:>9.2f} " + " ".join(f"{1e3 * ms[b]:>13.2f}" for b in backends)
+              + " | " + " ".join(f"{t['loop'] / ms[b]:>16.2f}" for b in backends))
 
 
 def form_size(args: argparse.Namespace) -> tuple[int, int, int, int, int]:

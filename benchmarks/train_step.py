@@ -13,8 +13,9 @@ def train_setup(root: Any, device: torch.device, compile: str = "off",
                 prepare: Callable[[torch.nn.Module], None] | None = None, precision: str = "bf16",
                 compile_backend: str = "inductor") -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """The decoder of ``root`` on ``device`` and a training step ``step(ids [B, T+1]) -> loss``: bf16
-    autocast forward (``precision="fp32"``: none), fp32 cross-entropy plus the balancer's loss, backward, the config's optimizer, the
-    balancer's update (wired as tests/helpers.py::train_steps). ``prepare(model)`` runs before the
+    autocast forward (``precision="fp32"``: none), fp32 cross-entropy plus the MTP depths' weighted loss
+    and the balancer's loss, backward, the config's optimizer, the balancer's update (wired as the
+    trainer's training step). ``prepare(model)`` runs before the
     optimizer is built (sharding). ``compile``: off, model (one graph) or layers (per decoder layer), as
     runtime/compile.py compiles for the trainer."""
     import torch.nn.functional as F
@@ -32,12 +33,18 @@ def train_setup(root: Any, device: torch.device, compile: str = "off",
     hidden = compiled_hidden(model, compile, compile_backend)
 
     def step(ids: torch.Tensor) -> torch.Tensor:
+        x, y = ids[:, :-1], ids[:, 1:]  # [B, T] each
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = model.lm_head(hidden(ids[:, :-1]))  # [B, T, vocab]
-        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+            h = hidden(x)  # [B, T, d]
+            logits = model.lm_head(h)  # [B, T, vocab]
+            mtp = model.mtp_losses(h, x, y)  # [(summed cross-entropy, tokens)] per MTP depth
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        total = loss
+        if mtp:
+            total = total + root.model.mtp_weight * torch.stack([s / n for s, n in mtp]).mean()
         aux = balancer.aux_loss(model)
         optimizer.zero_grad(set_to_none=True)
-        (loss if aux is None else loss + aux).backward()
+        (total if aux is None else total + aux).backward()
         optimizer.step()
         balancer.step(model)
         return loss.detach()

@@ -20,6 +20,13 @@ choices (an index write with unique positions: deterministic, no atomics). Backe
   dtype its meta/CUDA checks accept), fewer than 1024 experts, compute capability 8.x or 9.x (on 10.x,
   Blackwell, it has open reports of wrong gradients for experts that receive no tokens, so ``auto`` runs
   ``padded_bmm`` there; see ``auto_dispatch``). An explicit ``dispatch=grouped_mm`` is always honoured.
+* ``blocked``: every expert's rows padded to a multiple of a block (``block_rows``: up to 256 rows) and
+  laid out as ``[nb, block, d_in]`` blocks, each block multiplied by its expert's matrices (``bmm`` over the blocks, the weights
+  gathered per block). ``nb`` has a fixed upper bound, ``ceil(N*k / block) + E``, so every shape is
+  static whatever the routing: no host read, nothing data-sized, and the whole expert computation
+  (activation included) compiles inside the layer's graph. Padding wastes fewer than ``E * block`` rows
+  (at most a quarter of the pairs), however unbalanced the routing, where ``padded_bmm`` pads every
+  expert to the largest load. Any dtype.
 * ``padded_bmm``: scatter the sorted tokens into ``[E, C, d_in]`` (C = the largest expert load, or the
   capacity), ``bmm``, gather back; any dtype, wasted work on padding.
 * ``loop``: ``experts_reference`` (a Python loop over experts; slow, the test oracle).
@@ -40,7 +47,16 @@ from torch import nn
 
 from components.nn.matrix_layout import HasMatrixLayouts, MatrixLayout
 
-DISPATCH_CHOICES = ("auto", "grouped_mm", "padded_bmm", "loop")
+DISPATCH_CHOICES = ("auto", "grouped_mm", "blocked", "padded_bmm", "loop")
+_MAX_BLOCK_ROWS = 256  # rows per block of the ``blocked`` dispatch at most (benchmarks/moe.py: 256 is the fastest on the CPU)
+
+
+def block_rows(pairs: int, num_experts: int) -> int:
+    """Rows per block for ``pairs`` routed pairs over ``num_experts``: the largest power of two up to
+    ``_MAX_BLOCK_ROWS`` (at least 16) whose padding, under ``num_experts`` blocks, stays within a quarter
+    of the pairs. Fixed by the shapes alone, so a compiled layer keeps one shape."""
+    fit = max(pairs // (4 * num_experts), 16)
+    return min(1 << (fit.bit_length() - 1), _MAX_BLOCK_ROWS)
 _GROUPED_MM_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _GROUPED_MM_MAX_GROUPS = 1024  # the CUDA bf16 kernel needs fewer groups than this
 # From this compute capability on (Blackwell, sm_100+), ``auto`` does not pick grouped_mm: see auto_dispatch.
@@ -70,20 +86,20 @@ def grouped_mm_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def auto_dispatch(x: torch.Tensor, w1: torch.Tensor) -> str:
     """The back-end ``dispatch=auto`` runs for tokens ``x [R, d_in]`` and gate weights ``w1 [E, m, d_in]``:
-    ``grouped_mm`` where it runs as is and is trusted, else ``padded_bmm``."""
+    ``grouped_mm`` where it runs as is, is trusted and is the faster, else ``blocked``."""
     if not grouped_mm_supported(x, w1.transpose(-2, -1)):
-        return "padded_bmm"
-    # On the CPU, grouped_mm runs one small product per expert; in bf16 one padded batched product is
-    # faster (benchmarks/moe.py, benchmarks/k3_speed.py), and far faster once the layer around it is compiled.
+        return "blocked"
+    # On the CPU, grouped_mm runs one small product per expert; in bf16 the blocked batched products are
+    # faster, and far faster once the layer around them is compiled (benchmarks/moe.py, benchmarks/k3_speed.py).
     if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
-        return "padded_bmm"
+        return "blocked"
     # torch._grouped_mm / F.grouped_mm has open reports of wrong gradients for experts that receive zero
     # tokens on Blackwell-class GPUs (compute capability 10.x): pytorch/pytorch#172439 and
     # pytorch/pytorch#193633. Routing leaves experts empty routinely, so on those devices ``auto`` takes the
-    # padded batched path (exact zeros for empty experts, some wasted work on padding) until the kernel is
-    # fixed; ``dispatch=grouped_mm`` still forces the grouped kernel.
+    # blocked batched path (exact zeros for empty experts, bounded padding) until the kernel is fixed;
+    # ``dispatch=grouped_mm`` still forces the grouped kernel.
     if x.device.type == "cuda" and tuple(torch.cuda.get_device_capability(x.device)) >= _GROUPED_MM_UNTRUSTED_CAPABILITY:
-        return "padded_bmm"
+        return "blocked"
     return "grouped_mm"
 
 
@@ -192,6 +208,92 @@ def _padded_bmm_island(xs, w1, w2, w3, act, plan: RoutePlan) -> torch.Tensor:
     return torch.bmm(h, w2.transpose(1, 2)).flatten(0, 1).index_select(0, slot)  # [P, d_in]
 
 
+class BlockPlan(NamedTuple):
+    """Where each (token, slot) pair goes in the ``blocked`` layout; every size is fixed by N, k and E."""
+
+    rows: torch.Tensor  # [N*k] row of pair p = token * k + slot in the [nb * block, d] buffer; nb * block if dropped
+    block_expert: torch.Tensor  # [nb] expert whose matrices block b is multiplied by
+
+
+def num_blocks(pairs: int, num_experts: int, block: int, cap: Optional[int] = None) -> int:
+    """Upper bound on the blocks any routing of ``pairs`` pairs can fill: each expert's kept rows rounded
+    up to a multiple of ``block`` waste fewer than ``block`` rows each."""
+    kept = pairs if cap is None else min(pairs, num_experts * cap)
+    return -(-(kept + num_experts * (block - 1)) // block)
+
+
+def block_plan(indices: torch.Tensor, num_experts: int, cap: Optional[int], block: int) -> BlockPlan:
+    """The blocked layout of a routing ``indices [N, k]``, from tensor ops of fixed shapes only (traceable,
+    no host read). Expert e's rows start at a multiple of ``block``; inside them, its pairs keep token order."""
+    flat = indices.reshape(-1)  # [P]
+    P, E = flat.numel(), num_experts
+    order = torch.argsort(flat, stable=True)  # [P] pairs grouped by expert, token order inside
+    counts = torch.zeros(E, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))  # [E]
+    starts = torch.cumsum(counts, 0) - counts  # [E] first sorted position of each expert
+    rank_sorted = torch.arange(P, device=flat.device) - starts[flat[order]]  # [P] slot within its expert
+    rank = torch.empty_like(rank_sorted).scatter_(0, order, rank_sorted)  # [P] back in pair order
+    kept = counts if cap is None else counts.clamp(max=cap)
+    padded = (kept + block - 1) // block * block  # [E] rows each expert occupies
+    ends = torch.cumsum(padded, 0)  # [E]
+    nb = num_blocks(P, E, block, cap)
+    rows = (ends - padded)[flat] + rank  # [P]
+    if cap is not None:
+        rows = torch.where(rank < cap, rows, nb * block)  # a dropped pair goes to the sink row
+    first_rows = torch.arange(nb, device=flat.device) * block  # [nb]
+    block_expert = torch.searchsorted(ends, first_rows, right=True).clamp(max=E - 1)  # [nb]; unused blocks: E-1, zero rows
+    return BlockPlan(rows, block_expert)
+
+
+class _ToBlocks(torch.autograd.Function):
+    """``pairs [P, d] -> buffer [R + 1, d]`` with pair p at row ``rows[p]`` and zeros elsewhere (rows are
+    distinct except the sink row R, whose content is never used). Backward gathers the same rows: no
+    accumulating scatter."""
+
+    @staticmethod
+    def forward(ctx, pairs, rows, R):
+        ctx.save_for_backward(rows)
+        return pairs.new_zeros(R + 1, pairs.shape[-1]).index_copy_(0, rows, pairs)
+
+    @staticmethod
+    def backward(ctx, g):
+        (rows,) = ctx.saved_tensors
+        return g.index_select(0, rows), None, None
+
+
+class _FromBlocks(torch.autograd.Function):
+    """``buffer [R + 1, d] -> pairs [P, d]``, ``buffer[rows]``; backward writes the distinct rows back
+    (the sink row's gradient is discarded by the caller)."""
+
+    @staticmethod
+    def forward(ctx, buf, rows):
+        ctx.save_for_backward(rows)
+        ctx.R1 = buf.shape[0]
+        return buf.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, g):
+        (rows,) = ctx.saved_tensors
+        return g.new_zeros(ctx.R1, g.shape[-1]).index_copy_(0, rows, g), None
+
+
+def blocked_experts(z: torch.Tensor, plan: BlockPlan, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
+                    act: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], k: int, block: int) -> torch.Tensor:
+    """Every pair's expert output ``[N*k, d_in]`` (pair order; zeros for dropped pairs) through the blocked
+    layout: one ``bmm`` per matrix over ``[nb, block, .]`` blocks, each with its own expert's weights."""
+    N, d = z.shape
+    nb = plan.block_expert.numel()
+    R = nb * block
+    pairs = z.unsqueeze(1).expand(N, k, d).reshape(N * k, d)  # [N*k, d_in]; backward sums the k copies
+    buf = _ToBlocks.apply(pairs, plan.rows, R)[:R].view(nb, block, d)  # [nb, block, d_in]
+    # each block's expert matrices as a one-hot product: its backward is one dense product summing the
+    # blocks of each expert (an index_select's is a scatter-add, slow and serial when compiled for the CPU)
+    sel = F.one_hot(plan.block_expert, w1.shape[0]).to(w1.dtype)  # [nb, E]
+    g1, g3, g2 = ((sel @ w.flatten(1)).view(nb, *w.shape[1:]) for w in (w1, w3, w2))  # [nb, m, d_in] x2, [nb, d_in, m]
+    h = act(torch.bmm(buf, g1.transpose(1, 2)), torch.bmm(buf, g3.transpose(1, 2)))  # [nb, block, m]
+    y = torch.bmm(h, g2.transpose(1, 2)).view(R, d)  # [R, d_in]
+    return _FromBlocks.apply(torch.cat([y, y.new_zeros(1, d)]), plan.rows)  # [N*k, d_in]; the sink row is 0
+
+
 def experts_reference(
     x: torch.Tensor,
     indices: torch.Tensor,
@@ -287,7 +389,16 @@ class RoutedExperts(HasMatrixLayouts):
             return experts_reference(z, indices, weights, w1, w2, w3, self.act, self.capacity_factor)
 
         N, k = indices.shape
-        plan = _route_plan(indices, self.num_experts, capacity(N, k, self.num_experts, self.capacity_factor))
+        cap = capacity(N, k, self.num_experts, self.capacity_factor)
+        acc = torch.promote_types(dtype, torch.float32)
+        if backend == "blocked":  # static shapes end to end: traced into the layer's graph when compiled
+            block = block_rows(N * k, self.num_experts)
+            plan = block_plan(indices, self.num_experts, cap, block)
+            ys = blocked_experts(z, plan, w1, w2, w3, self.act, k, block)  # [N*k, d_in]
+            yw = ys.to(acc) * weights.reshape(-1, 1).to(acc)  # [N*k, d_in]; fp32 weighting as below
+            return yw.view(N, k, -1).sum(dim=1).to(dtype)  # [N, d_in]
+
+        plan = _route_plan(indices, self.num_experts, cap)
         if plan.cap is not None:
             xs = z[plan.order // k]  # [P, d_in], P kept pairs
         else:  # dropless: order is a permutation of the N*k pairs
@@ -300,7 +411,6 @@ class RoutedExperts(HasMatrixLayouts):
             ys = _padded_bmm_island(xs, w1, w2, w3, self.act, plan)  # [P, d_in]
 
         # weight in fp32 (router precision; fp64 stays fp64), un-sort to [N, k, d_in], sum the k choices, cast back once
-        acc = torch.promote_types(dtype, torch.float32)
         yw = ys.to(acc) * weights.reshape(-1)[plan.order].to(acc)[:, None]  # [P, d_in]
         if plan.cap is not None:
             full = yw.new_zeros(N * k, yw.shape[-1]).index_put((plan.order,), yw)  # [N*k, d_in]; dropped pairs stay 0

@@ -51,7 +51,8 @@ CASES = [  # (E, k, N, experts that receive no tokens)
 @pytest.mark.parametrize("E,k,N,skip", CASES)
 @pytest.mark.parametrize(
     "backend,dtype",
-    [pytest.param("grouped_mm", torch.float32, marks=needs_grouped_mm), ("padded_bmm", torch.float32), ("padded_bmm", torch.float64)],
+    [pytest.param("grouped_mm", torch.float32, marks=needs_grouped_mm), ("padded_bmm", torch.float32), ("padded_bmm", torch.float64),
+     ("blocked", torch.float32), ("blocked", torch.float64)],
 )
 def test_dispatch_matches_loop_reference(E, k, N, skip, backend, dtype):
     ex, x, idx, w = _case(E, k, N, dtype, skip=skip)
@@ -66,7 +67,7 @@ def test_dispatch_matches_loop_reference(E, k, N, skip, backend, dtype):
         assert grads[2][e].abs().max() == 0 and grads[3][e].abs().max() == 0
 
 
-@pytest.mark.parametrize("backend", [GROUPED, "padded_bmm"])
+@pytest.mark.parametrize("backend", [GROUPED, "padded_bmm", "blocked"])
 @pytest.mark.parametrize("factor", [0.5, 1.0, 1.25])
 def test_capacity_dispatch_matches_reference(backend, factor):
     E, k, N = 4, 2, 24

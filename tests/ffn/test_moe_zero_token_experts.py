@@ -91,7 +91,7 @@ class _CudaLike:
 @pytest.mark.skipif(not hasattr(torch.nn.functional, "grouped_mm"), reason="this torch has no grouped_mm")
 @pytest.mark.parametrize(
     "capability,expected",
-    [((8, 0), "grouped_mm"), ((9, 0), "grouped_mm"), ((10, 0), "padded_bmm"), ((10, 3), "padded_bmm"), ((12, 0), "padded_bmm"), ((7, 5), "padded_bmm")],
+    [((8, 0), "grouped_mm"), ((9, 0), "grouped_mm"), ((10, 0), "blocked"), ((10, 3), "blocked"), ((12, 0), "blocked"), ((7, 5), "blocked")],
 )
 def test_auto_avoids_grouped_mm_on_blackwell(monkeypatch, capability, expected):
     asked = []
@@ -116,13 +116,13 @@ def test_auto_avoids_grouped_mm_on_blackwell(monkeypatch, capability, expected):
 
 def test_auto_on_cpu_is_unchanged():
     z, w1 = torch.randn(4, D), torch.randn(E, M, D)
-    assert auto_dispatch(z, w1) == ("grouped_mm" if HAS_GROUPED_MM else "padded_bmm")
-    assert auto_dispatch(z.double(), w1.double()) == "padded_bmm"
+    assert auto_dispatch(z, w1) == ("grouped_mm" if HAS_GROUPED_MM else "blocked")
+    assert auto_dispatch(z.double(), w1.double()) == "blocked"
     assert experts_mod._GROUPED_MM_UNTRUSTED_CAPABILITY == (10, 0)
 
 
-@pytest.mark.parametrize("dtype,expected", [(torch.bfloat16, "padded_bmm"), (torch.float32, "grouped_mm" if HAS_GROUPED_MM else "padded_bmm")])
-def test_auto_on_cpu_takes_one_padded_product_in_bf16(dtype, expected):
-    """grouped_mm on the CPU is a product per expert: in bf16 the padded batched product is the faster one."""
+@pytest.mark.parametrize("dtype,expected", [(torch.bfloat16, "blocked"), (torch.float32, "grouped_mm" if HAS_GROUPED_MM else "blocked")])
+def test_auto_on_cpu_takes_blocked_products_in_bf16(dtype, expected):
+    """grouped_mm on the CPU is a product per expert: in bf16 the blocked batched products are the faster ones."""
     z, w1 = torch.zeros(64, 128, dtype=dtype), torch.zeros(E, 256, 128, dtype=dtype)
     assert auto_dispatch(z, w1) == expected
