@@ -11,10 +11,11 @@ per-head updates, the QB bias update), each from the same initial weights, timed
   (``ffn.dispatch=padded_bmm``, what ``auto`` chose on the CPU in bf16 before the blocked dispatch) --
   the eager path ``trainer.compile=auto`` ran for K3 before it compiled models with eager islands (the
   reference);
-* ``eager blocked``: the same with the blocked expert dispatch ``auto`` chooses now: how much of the gain
-  is the dispatch alone;
-* ``fast``: bf16 autocast, blocked dispatch, each decoder layer compiled around its remaining eager
-  islands (runtime/compile.py) -- what the trainer runs now.
+* ``eager auto``: the same with the expert dispatch ``auto`` chooses now (``blocked`` on the CPU in
+  bf16): how much of the gain is the dispatch alone;
+* ``fast``: bf16 autocast, ``auto`` dispatch, each decoder layer compiled around its remaining eager
+  islands (runtime/compile.py; the blocked expert products are traced into the layer's graph) -- what
+  the trainer runs now.
 
 Then the loss curves: ``--curve-steps`` steps of the eager reference, of the fast path and of eager fp32
 from the same weights on the same corpus batches; the fast path's differences from the reference are
@@ -37,7 +38,7 @@ from runtime.cpu_allocator import keep_freed_memory
 PATHS = {
     "eager fp32": ("off", "fp32", []),  # auto: grouped_mm in fp32, as before
     "eager bf16": ("off", "bf16", ["ffn.dispatch=padded_bmm"]),
-    "eager blocked": ("off", "bf16", []),
+    "eager auto": ("off", "bf16", []),
     "fast": ("layers", "bf16", []),
 }
 REFERENCE = "eager bf16"
@@ -86,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     sec = medians(time_interleaved(steps, args.rounds, warmup=args.warmup))
     tokens = args.batch * args.seq
     ref = sec.get(REFERENCE)
-    print(f"{'path':14s} {'s/step':>8s} {'tokens/s':>9s} {'vs ' + REFERENCE:>14s}")
+    print(f"{'path':12s} {'s/step':>8s} {'tokens/s':>9s} {'vs ' + REFERENCE:>14s}")
     for name in names:
         ratio = f"{ref / sec[name]:.2f}x" if ref else "-"
-        print(f"{name:14s} {sec[name]:8.3f} {tokens / sec[name]:9,.0f} {ratio:>14s}")
+        print(f"{name:12s} {sec[name]:8.3f} {tokens / sec[name]:9,.0f} {ratio:>14s}")
     print(f"(measured in {time.perf_counter() - t0:.0f} s, compilation included)")
 
     if args.curve_steps > 0:

@@ -16,7 +16,9 @@ choices (an index write with unique positions: deterministic, no atomics). Backe
 
 * ``grouped_mm``: ``torch.nn.functional.grouped_mm`` (2-D tokens x 3-D weights with int32 offsets). In
   torch 2.13 it runs on CPU for fp32/bf16/fp16 (not fp64) when every row stride is a multiple of 16 bytes
-  (d_in and m multiples of 4 in fp32, of 8 in bf16); on CUDA ``auto`` only picks it for bf16 (the only
+  (d_in and m multiples of 4 in fp32, of 8 in bf16). Dropless in bf16 its shapes are fixed (only the
+  group offsets are data) and it is traced into a compiled layer; otherwise it runs as an eager island.
+  On CUDA ``auto`` only picks it for bf16 (the only
   dtype its meta/CUDA checks accept), fewer than 1024 experts, compute capability 8.x or 9.x (on 10.x,
   Blackwell, it has open reports of wrong gradients for experts that receive no tokens, so ``auto`` runs
   ``padded_bmm`` there; see ``auto_dispatch``). An explicit ``dispatch=grouped_mm`` is always honoured.
@@ -86,11 +88,12 @@ def grouped_mm_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def auto_dispatch(x: torch.Tensor, w1: torch.Tensor) -> str:
     """The back-end ``dispatch=auto`` runs for tokens ``x [R, d_in]`` and gate weights ``w1 [E, m, d_in]``:
-    ``grouped_mm`` where it runs as is, is trusted and is the faster, else ``blocked``."""
+    ``grouped_mm`` where it runs as is and is trusted, else ``blocked``."""
     if not grouped_mm_supported(x, w1.transpose(-2, -1)):
         return "blocked"
-    # On the CPU, grouped_mm runs one small product per expert; in bf16 the blocked batched products are
-    # faster, and far faster once the layer around them is compiled (benchmarks/moe.py, benchmarks/k3_speed.py).
+    # On the CPU, grouped_mm runs one product per expert, and inside a training step in bf16 its
+    # weight-gradient products fall to a slow path (benchmarks/k3_speed.py: k3_small's step 1.4x slower
+    # than with padded products); the blocked batched products are the fastest there, eager or compiled.
     if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
         return "blocked"
     # torch._grouped_mm / F.grouped_mm has open reports of wrong gradients for experts that receive zero
@@ -165,34 +168,46 @@ class RoutePlan(NamedTuple):
     cap: Optional[int]  # per-expert slots, or None (dropless)
 
 
+def dropless_route_plan(indices: torch.Tensor, num_experts: int) -> RoutePlan:
+    """The plan of a dropless routing from fixed-shape tensor ops only (no host read): traced into a
+    compiled layer. Nothing here needs a gradient."""
+    flat = indices.reshape(-1)  # [N*k], pair p = token * k + slot
+    order = torch.argsort(flat, stable=True)  # [N*k]
+    expert_sorted = flat[order]  # [N*k]
+    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))  # [E]
+    starts = torch.cumsum(counts, 0) - counts  # [E]
+    positions = torch.arange(flat.numel(), device=flat.device)  # [N*k]
+    rank = positions - starts[expert_sorted]  # [N*k] slot within expert
+    inverse = torch.empty_like(order).scatter_(0, order, positions)  # [N*k]
+    offs = torch.cumsum(counts, 0).to(torch.int32)  # [E]
+    return RoutePlan(order, inverse, expert_sorted, rank, counts, offs, None)
+
+
 @torch.compiler.disable
-def _route_plan(indices: torch.Tensor, num_experts: int, cap: Optional[int]) -> RoutePlan:
-    # An eager island inside a compiled layer: sort and count sizes depend on the routing, and nothing
-    # here needs a gradient.
+def _capacity_route_plan(indices: torch.Tensor, num_experts: int, cap: int) -> RoutePlan:
+    # An eager island inside a compiled layer: how many pairs each expert keeps depends on the routing.
     flat = indices.reshape(-1)  # [N*k], pair p = token * k + slot
     order = torch.argsort(flat, stable=True)  # [N*k]
     expert_sorted = flat[order]  # [N*k]
     counts = torch.bincount(flat, minlength=num_experts)  # [E]
     starts = torch.cumsum(counts, 0) - counts  # [E]
     rank = torch.arange(flat.numel(), device=flat.device) - starts[expert_sorted]  # [N*k] slot within expert
-    inverse = None
-    if cap is not None:
-        keep = rank < cap
-        order, expert_sorted, rank = order[keep], expert_sorted[keep], rank[keep]
-        counts = counts.clamp(max=cap)
-    else:
-        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    keep = rank < cap
+    order, expert_sorted, rank = order[keep], expert_sorted[keep], rank[keep]
+    counts = counts.clamp(max=cap)
     offs = torch.cumsum(counts, 0).to(torch.int32)  # [E]
-    return RoutePlan(order, inverse, expert_sorted, rank, counts, offs, cap)
+    return RoutePlan(order, None, expert_sorted, rank, counts, offs, cap)
 
 
-@torch.compiler.disable
-def _gmm_island(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    # eager inside a compiled layer: the group sizes are data, and grouped_mm's shape function on the
-    # CPU accepts bf16 only; the activation between the products still compiles. Compiled code may hand
-    # over other strides than eager code does, and the CPU kernel's per-group products are only fast on
-    # dense rows and dense expert matrices.
+def _gmm_dense(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    # compiled code may hand over other strides than eager code does, and the CPU kernel's per-group
+    # products are only fast on dense rows and dense expert matrices
     return _gmm(x.contiguous(), w.contiguous(), offs)
+
+
+# eager inside a compiled layer, where the rows kept are data-sized (capacity) or grouped_mm's shape
+# function refuses the dtype (it accepts bf16 only); the activation between the products still compiles
+_gmm_island = torch.compiler.disable(_gmm_dense)
 
 
 @torch.compiler.disable
@@ -398,15 +413,17 @@ class RoutedExperts(HasMatrixLayouts):
             yw = ys.to(acc) * weights.reshape(-1, 1).to(acc)  # [N*k, d_in]; fp32 weighting as below
             return yw.view(N, k, -1).sum(dim=1).to(dtype)  # [N, d_in]
 
-        plan = _route_plan(indices, self.num_experts, cap)
+        plan = dropless_route_plan(indices, self.num_experts) if cap is None else _capacity_route_plan(indices, self.num_experts, cap)
         if plan.cap is not None:
             xs = z[plan.order // k]  # [P, d_in], P kept pairs
         else:  # dropless: order is a permutation of the N*k pairs
             xs = _GatherRows.apply(z, plan.order // k, plan.inverse, k)  # [N*k, d_in]
 
         if backend == "grouped_mm":
-            h = self.act(_gmm_island(xs, w1, plan.offs), _gmm_island(xs, w3, plan.offs))  # [P, m]
-            ys = _gmm_island(h, w2, plan.offs)  # [P, d_in]
+            # dropless in bf16 every shape is fixed (the group sizes are data, the rows are not): traced
+            gmm = _gmm_dense if cap is None and dtype == torch.bfloat16 else _gmm_island
+            h = self.act(gmm(xs, w1, plan.offs), gmm(xs, w3, plan.offs))  # [P, m]
+            ys = gmm(h, w2, plan.offs)  # [P, d_in]
         else:
             ys = _padded_bmm_island(xs, w1, w2, w3, self.act, plan)  # [P, d_in]
 

@@ -50,7 +50,7 @@ class MoEFFNConfig(GLUActivationConfig):
     routed_scaling_factor: float = 1.0
     # None: dropless; else each expert takes at most ceil(capacity_factor * tokens * top_k / num_experts)
     capacity_factor: Optional[float] = None
-    # expert dispatch backend: auto (grouped_mm where it applies and is faster, else blocked), grouped_mm, blocked, padded_bmm, loop
+    # expert dispatch backend: auto (grouped_mm where it applies and is trusted, else blocked), grouped_mm, blocked, padded_bmm, loop
     dispatch: str = "auto"
 
     def validate(self, model: Any, key: str) -> None:
@@ -101,7 +101,7 @@ class MoEFFN(FFN):
 
     latent = False
     stable = False
-    compile_friendly = False  # the router's balancing statistics (and the grouped_mm / padded_bmm dispatches) are eager islands: compiled per layer
+    compile_friendly = False  # the router's balancing statistics (and data-sized expert dispatches) are eager islands: compiled per layer
 
     def __init__(self, cfg: MoEFFNConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
         super().__init__(cfg, d_model, layer_idx)

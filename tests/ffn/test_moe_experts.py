@@ -132,3 +132,24 @@ def test_k3_per_expert_state_dict_round_trip():
     other.load_per_expert_state_dict({k: v.clone() for k, v in sd.items()}, prefix="experts.")
     for n in ("w1", "w2", "w3"):
         assert torch.equal(getattr(other, n), getattr(ex, n))
+
+
+@needs_grouped_mm
+def test_dropless_bf16_grouped_mm_traces_without_graph_breaks():
+    """Dropless in bf16 only the group offsets are data: the plan and the grouped products trace into the
+    compiled layer (no eager island), and the compiled result is the eager one."""
+    import torch._dynamo
+
+    ex, x, idx, w = _case(8, 2, 40, torch.float32)
+    ex = ex.to(torch.bfloat16)
+    ex.dispatch = "grouped_mm"
+    xb = x.detach().bfloat16().requires_grad_(True)
+
+    def f(x, idx, w):
+        return ex(x, idx, w)
+
+    explained = torch._dynamo.explain(f)(xb, idx, w)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    out = torch.compile(f, backend="aot_eager", fullgraph=True)(xb, idx, w)
+    torch.testing.assert_close(out, f(xb, idx, w), rtol=0, atol=0)
