@@ -1,0 +1,110 @@
+"""Export then import gives bit-identical logits, for every mixer x FFN x residual at tiny size; names
+and shapes follow the documented layout; a tensor the model lacks, a missing one or a wrong shape is
+refused by name."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from components.hf.checkpoint import WeightsMismatch, check_weights, export_weights, import_weights
+from components.hf.key_map import MULTIMODAL_PREFIX, TEXT_PREFIX, UnmappedKey, checkpoint_mappings
+from components.hf.safetensors_files import read_header
+from components.model import Decoder
+from tests.helpers import compose_root
+
+MIXERS = ["mha", "gqa", "mqa", "mla", "kda"]
+FFNS = ["dense", "moe", "latent_moe", "stable_latent_moe"]
+RESIDUALS = ["plain", "full_attnres", "block_attnres"]
+TINY = ["model.d_model=32", "model.n_layers=3", "model.tie_embeddings=false"]
+SIZES = {
+    "mla": ["mixer.n_heads=2", "mixer.q_lora_rank=16", "mixer.kv_lora_rank=8", "mixer.qk_nope_head_dim=8", "mixer.qk_rope_head_dim=8", "mixer.v_head_dim=8"],
+    "kda": ["mixer.n_heads=2", "mixer.head_dim=16"],
+    "moe": ["ffn.num_experts=4", "ffn.top_k=2", "ffn.expert_hidden_dim=16"],
+    "latent_moe": ["ffn.num_experts=4", "ffn.top_k=2", "ffn.expert_hidden_dim=16", "ffn.latent_dim=16"],
+    "stable_latent_moe": ["ffn.num_experts=4", "ffn.top_k=2", "ffn.expert_hidden_dim=16", "ffn.latent_dim=16"],
+}
+
+
+def _model(mixer: str, ffn: str, residual: str, seed: int, *extra: str) -> Decoder:
+    root = compose_root(f"mixer={mixer}", f"ffn={ffn}", f"residual={residual}", "data=corpus", *TINY,
+                        *SIZES.get(mixer, []), *SIZES.get(ffn, []), *extra)
+    torch.manual_seed(seed)
+    model = Decoder(root.decoder_config()).eval()
+    with torch.no_grad():  # break the zero inits (AttnRes queries, selection bias) so every tensor matters
+        for t in model.state_dict().values():
+            if t.is_floating_point():
+                t.add_(torch.randn_like(t) * 0.05)
+    return model
+
+
+@pytest.mark.parametrize("mixer,ffn,residual", list(itertools.product(MIXERS, FFNS, RESIDUALS)))
+def test_export_import_gives_identical_logits(tmp_path, mixer, ffn, residual):
+    extra = ["model.mtp_depth=1"] if residual == "block_attnres" else []
+    source, target = _model(mixer, ffn, residual, 0, *extra), _model(mixer, ffn, residual, 1, *extra)
+    ids = torch.randint(0, 257, (2, 12), generator=torch.Generator().manual_seed(0))
+    export_weights(source, str(tmp_path))
+    import_weights(str(tmp_path), target)
+    with torch.no_grad():
+        assert torch.equal(source(ids), target(ids))
+    for a, b in zip(source.state_dict().values(), target.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+K3_TINY = ["experiment=k3_small", "model.d_model=32", "model.n_layers=3", "mixer.n_heads=2", "mixer.head_dim=16",
+           "mixers.mla.n_heads=2", "mixers.mla.q_lora_rank=16", "mixers.mla.kv_lora_rank=8", "mixers.mla.qk_nope_head_dim=8",
+           "mixers.mla.qk_rope_head_dim=8", "mixers.mla.v_head_dim=8", "ffn.num_experts=4", "ffn.top_k=2",
+           "ffn.expert_hidden_dim=16", "ffn.latent_dim=16", "ffns.dense.hidden_dim=64"]
+
+
+def test_k3_layout_names_and_shapes(tmp_path):
+    torch.manual_seed(0)
+    model = Decoder(compose_root(*K3_TINY).decoder_config())  # KDA, KDA, MLA; dense first; block AttnRes; one MTP depth
+    export_weights(model, str(tmp_path), prefix=MULTIMODAL_PREFIX)
+    header = read_header(str(tmp_path / "model.safetensors"))
+    P = MULTIMODAL_PREFIX
+    assert header[f"{P}embed_tokens.weight"][1] == (257, 32)
+    assert "language_model.lm_head.weight" in header
+    assert f"{P}layers.0.mlp.gate_proj.weight" in header  # dense first layer
+    assert f"{P}layers.0.self_attn.A_log" in header and f"{P}layers.1.self_attn.f_a_proj.weight" in header  # KDA
+    assert f"{P}layers.2.self_attn.kv_a_proj_with_mqa.weight" in header and f"{P}layers.2.self_attn.g_proj.weight" in header  # MLA
+    assert header[f"{P}layers.2.block_sparse_moe.experts.3.w2.weight"][1] == (16, 16)  # [latent, hidden] per expert
+    assert f"{P}layers.2.block_sparse_moe.gate.e_score_correction_bias" in header
+    assert header[f"{P}layers.2.self_attention_res_proj.weight"][1] == (1, 32)
+    assert header[f"{P}output_attn_res_proj.weight"][1] == (1, 32)
+    assert header[f"{P}layers.3.eh_proj.weight"][1] == (32, 64)  # the MTP depth after the 3 decoder layers
+    assert check_weights(str(tmp_path), model) == MULTIMODAL_PREFIX
+
+
+def test_mismatches_are_named(tmp_path):
+    model = _model("gqa", "moe", "plain", 0)
+    export_weights(model, str(tmp_path))
+    more = _model("gqa", "moe", "plain", 0, "ffn.num_experts=8")
+    with pytest.raises(WeightsMismatch, match=r"block_sparse_moe\.gate\.weight has shape \[4, 32\].*needs \[8, 32\]"):
+        import_weights(str(tmp_path), more)
+    with_mtp = _model("gqa", "moe", "plain", 0, "model.mtp_depth=1")
+    with pytest.raises(WeightsMismatch, match=r"model\.layers\.3\.\w+\.weight is missing \(the model's mtp\.0\."):
+        check_weights(str(tmp_path), with_mtp)
+    (tmp_path / "mtp").mkdir()
+    export_weights(with_mtp, str(tmp_path / "mtp"))
+    with pytest.raises(WeightsMismatch, match=r"model\.layers\.3\..* is not a parameter of this model"):
+        import_weights(str(tmp_path / "mtp"), model)
+
+
+def test_a_parameter_without_a_rule_is_an_error():
+    model = _model("gqa", "dense", "plain", 0)
+    model.register_parameter("stray", torch.nn.Parameter(torch.zeros(3)))
+    with pytest.raises(UnmappedKey, match="'stray'"):
+        checkpoint_mappings(model, TEXT_PREFIX)
+
+
+def test_sharded_export_has_an_index(tmp_path):
+    model = _model("gqa", "moe", "plain", 0)
+    files = export_weights(model, str(tmp_path), max_shard_bytes=20_000)
+    assert "model.safetensors.index.json" in files and len(files) > 3
+    target = _model("gqa", "moe", "plain", 1)
+    import_weights(str(tmp_path), target)
+    for a, b in zip(model.state_dict().values(), target.state_dict().values()):
+        assert torch.equal(a, b)
