@@ -64,7 +64,7 @@ def checkpoint_config(root: Any, model: Decoder, run_config: dict) -> dict:
             "num_experts": r.num_experts, "num_experts_per_token": r.top_k, "moe_intermediate_size": r.expert_hidden_dim,
             "num_shared_experts": r.num_shared_experts, "moe_renormalize": r.renormalize,
             "moe_router_activation_func": r.router_activation, "routed_scaling_factor": r.routed_scaling_factor,
-            "moe_layer_freq": 1, "topk_method": "noaux_tc", "use_grouped_topk": False,
+            "moe_layer_freq": 1, "topk_method": "noaux_tc", "use_grouped_topk": True, "num_expert_group": 1, "topk_group": 1,
         })
         if routed.latent:
             cfg["routed_expert_hidden_size"] = routed.routed_expert_down_proj.weight.shape[0]
