@@ -91,3 +91,18 @@ def load_run(path: str, device: str | torch.device = "cpu", dtype: Optional[torc
     if dtype is not None:
         model = model.to(dtype=dtype)
     return root, model.eval()
+
+
+def load_exported(folder: str) -> tuple[RootConfig, Decoder]:
+    """(config, model with the folder's weights) of a folder ``analysis.export`` wrote."""
+    from components.hf.checkpoint import import_weights
+    from components.hf.config_json import SANDBOX_KEY, read_config
+
+    cfg = read_config(folder)
+    if SANDBOX_KEY not in cfg:
+        raise RunLoadError(f"{os.path.join(folder, 'config.json')} has no '{SANDBOX_KEY}' section (not exported by this "
+                           "project): load it into a composed model with components.hf.checkpoint.import_weights")
+    root = config_from_container(cfg[SANDBOX_KEY])
+    model = Decoder(root.decoder_config())
+    import_weights(folder, model)
+    return root, model.eval()

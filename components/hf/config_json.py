@@ -4,7 +4,7 @@ Two parts. The released K3 schema (``model_type: kimi_linear``; flat text fields
 nested ``linear_attn_config`` with 1-based layer lists, ``attn_res_block_size``,
 ``num_nextn_predict_layers``), filled from the composed model wherever a field applies, so tools that
 read the release read the export. And ``k3_sandbox``: the run's whole composed config, from which
-``model_from_folder`` rebuilds the exact model. Models with components outside the release (MHA, GQA,
+``runtime.load_run.load_exported`` rebuilds the exact model. Models with components outside the release (MHA, GQA,
 MQA, plain MoE forms with other activations, ...) get ``model_type: k3_sandbox`` with the same fields.
 """
 
@@ -106,18 +106,3 @@ def read_config(folder: str) -> dict:
             return json.load(f)
     except (OSError, ValueError) as err:
         raise ValueError(f"{path}: unreadable ({err})") from None
-
-
-def model_from_folder(folder: str) -> tuple[Any, Decoder]:
-    """(config, model with the folder's weights) of a folder this project exported."""
-    from components.hf.checkpoint import import_weights
-    from runtime.load_run import config_from_container
-
-    cfg = read_config(folder)
-    if SANDBOX_KEY not in cfg:
-        raise ValueError(f"{os.path.join(folder, 'config.json')} has no '{SANDBOX_KEY}' section (not exported by this "
-                         "project): import it into a composed model instead (python -m analysis.export --import FOLDER <overrides>)")
-    root = config_from_container(cfg[SANDBOX_KEY])
-    model = Decoder(root.decoder_config())
-    import_weights(folder, model)
-    return root, model.eval()
