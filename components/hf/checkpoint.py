@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from components.hf import mxfp4
-from components.hf.key_map import TEXT_PREFIX, checkpoint_mappings, lm_head_key, strip_prefix, to_checkpoint
+from components.hf.key_map import TEXT_PREFIX, checkpoint_mappings, checkpoint_prefix, to_checkpoint
 from components.hf.safetensors_files import iter_tensors, tensor_infos, write_checkpoint
 from components.model import Decoder
 
@@ -94,7 +94,7 @@ def check_weights(folder: str, model: Decoder) -> str:
     """Compare a checkpoint folder's keys, shapes and dtypes (headers only) with ``model`` (which may be
     on the meta device); returns the prefix the folder uses. Raises WeightsMismatch naming a tensor."""
     infos = tensor_infos(folder)
-    prefix = strip_prefix(list(infos))
+    prefix = checkpoint_prefix(list(infos))
     _compare(_expected(model, prefix), {k: (i.dtype, i.shape) for k, i in infos.items()}, folder)
     return prefix
 
@@ -102,7 +102,7 @@ def check_weights(folder: str, model: Decoder) -> str:
 def import_weights(folder: str, model: Decoder) -> None:
     """Load a checkpoint folder into ``model`` (strict: every parameter, nothing unknown, shapes equal)."""
     infos = tensor_infos(folder)
-    prefix = strip_prefix(list(infos))
+    prefix = checkpoint_prefix(list(infos))
     expected = _expected(model, prefix)
     _compare(expected, {k: (i.dtype, i.shape) for k, i in infos.items()}, folder)
     loaded: dict[str, torch.Tensor] = dict(iter_tensors(folder))
@@ -132,4 +132,4 @@ def is_checkpoint_folder(path: str) -> bool:
         os.path.isfile(os.path.join(path, SINGLE)) or os.path.isfile(os.path.join(path, INDEX)))
 
 
-__all__ = ["WeightsMismatch", "check_weights", "export_weights", "import_weights", "is_checkpoint_folder", "lm_head_key"]
+__all__ = ["WeightsMismatch", "check_weights", "export_weights", "import_weights", "is_checkpoint_folder"]

@@ -169,7 +169,7 @@ def to_checkpoint(model: Decoder, prefix: str = TEXT_PREFIX) -> dict[str, torch.
     return out
 
 
-def strip_prefix(keys: list[str]) -> str:
+def checkpoint_prefix(keys: list[str]) -> str:
     """The prefix a checkpoint's keys use (``model.`` or ``language_model.model.``)."""
     if any(k.startswith(MULTIMODAL_PREFIX) or k == lm_head_key(MULTIMODAL_PREFIX) for k in keys):
         return MULTIMODAL_PREFIX

@@ -70,6 +70,7 @@ def test_full_k3_index_passes_quickly(k3_full_entries, tmp_path, capsys):
     assert "every key, shape and dtype matches" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # ~11 s: a second full-size check (the passing one runs by default)
 def test_one_wrong_shape_is_named(k3_full_entries, tmp_path, capsys):
     key = MULTIMODAL_PREFIX + "layers.11.self_attn.kv_b_proj.weight"  # layer 12 (1-based) is MLA
     entries = dict(k3_full_entries)
@@ -80,6 +81,7 @@ def test_one_wrong_shape_is_named(k3_full_entries, tmp_path, capsys):
     assert key in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~11 s, as above
 def test_one_unknown_key_is_named(k3_full_entries, tmp_path, capsys):
     key = MULTIMODAL_PREFIX + "layers.5.self_attn.stray.weight"
     _write_index(tmp_path, {**k3_full_entries, key: ("BF16", [4])})

@@ -172,16 +172,19 @@ def spec_vocab_size(spec: str, eod_token: Optional[str] = None) -> int:
 
 def load_tokenizer_file(path: str | os.PathLike, eod_token: Optional[str] = None, spec: Optional[str] = None) -> HFTokenizer:
     """A ``tokenizer.json`` as a ``TextTokenizer``; TokenizerError naming the file if it does not load."""
+    if not Path(path).is_file():
+        raise TokenizerError(f"tokenizer '{path}' is neither 'bytes', 'bpe:<vocab size>' nor an existing tokenizer.json file")
+    return HFTokenizer(_read_tokenizer_json(path), "file", spec or str(path), eod_token)
+
+
+def _read_tokenizer_json(path: str | os.PathLike):
+    """The HF ``Tokenizer`` in a tokenizer.json; TokenizerError naming the file if it does not parse."""
     from tokenizers import Tokenizer
 
-    p = Path(path)
-    if not p.is_file():
-        raise TokenizerError(f"tokenizer '{path}' is neither 'bytes', 'bpe:<vocab size>' nor an existing tokenizer.json file")
     try:
-        tok = Tokenizer.from_file(str(p))
+        return Tokenizer.from_file(str(path))
     except Exception as err:  # the Rust side raises a plain Exception with its parser's message
         raise TokenizerError(f"tokenizer file {path} does not load as a Hugging Face tokenizer.json: {str(err).splitlines()[0]}") from None
-    return HFTokenizer(tok, "file", spec or str(path), eod_token)
 
 
 def train_bpe(texts: Iterator[str], vocab_size: int, length: Optional[int] = None) -> HFTokenizer:
@@ -207,15 +210,10 @@ def load_prepared_tokenizer(folder: Path, described: dict) -> TextTokenizer:
     if described["kind"] == "bytes":
         tok: TextTokenizer = ByteTokenizer()
     else:
-        from tokenizers import Tokenizer
-
         path = folder / TOKENIZER_FILE
         if not path.is_file():
             raise TokenizerError(f"{folder}: meta.json names a {described['kind']} tokenizer but {TOKENIZER_FILE} is missing")
-        try:
-            raw = Tokenizer.from_file(str(path))
-        except Exception as err:  # the Rust side raises a plain Exception with its parser's message
-            raise TokenizerError(f"tokenizer file {path} does not load as a Hugging Face tokenizer.json: {str(err).splitlines()[0]}") from None
+        raw = _read_tokenizer_json(path)
         # the end-of-document token is the one meta.json records, whatever the file's other specials
         tok = HFTokenizer(raw, described["kind"], described.get("spec", str(path)), raw.id_to_token(described["eod_id"]))
     if tok.fingerprint() != described["hash"]:
