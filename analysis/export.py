@@ -5,7 +5,7 @@
 
 The first form loads RUN (a run folder or checkpoint file, ``runtime/load_run.py``) and writes OUT:
 ``model.safetensors`` (or shards with ``model.safetensors.index.json`` above ``--max-shard-gb``) and
-``config.json``. K3-family models take the released K3 layout and config schema; other components take
+``config.json``, plus the run's ``tokenizer.json`` when its data has one. K3-family models take the released K3 layout and config schema; other components take
 their conventional names (``components/hf/key_map.py``). OUT is written beside its final name and
 renamed into place when complete; an existing OUT is refused.
 
@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -32,7 +33,7 @@ def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: flo
     from components.hf.config_json import checkpoint_config, write_config
     from components.hf.key_map import PREFIXES
     from runtime.config import to_container
-    from runtime.load_run import RunLoadError, load_run
+    from runtime.load_run import NoTokenizerError, RunLoadError, load_run, load_tokenizer
 
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         print(f"error: {out} exists; choose a new folder (nothing was written)", file=sys.stderr)
@@ -50,6 +51,14 @@ def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: flo
         cfg = checkpoint_config(root, model, to_container(root))
         if dtype:
             cfg["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16"}[dtype]
+        extra = ["config.json"]
+        try:  # the tokenizer travels with the weights, as in any Hugging Face model folder
+            tokenizer = load_tokenizer(run, root)
+            if tokenizer.save(Path(staging)):
+                extra.append("tokenizer.json")
+                cfg["eos_token_id"] = tokenizer.eod_id
+        except NoTokenizerError as err:
+            print(f"note: no tokenizer written: {err}", file=sys.stderr)
         write_config(cfg, staging)
         if os.path.isdir(out):
             os.rmdir(out)  # empty, checked above
@@ -57,7 +66,7 @@ def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: flo
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    print(f"{out}: {cfg['model_type']} layout, {len(files)} weight file(s) ({', '.join(files)}), config.json")
+    print(f"{out}: {cfg['model_type']} layout, {len(files)} weight file(s) ({', '.join(files)}), {', '.join(extra)}")
     return 0
 
 

@@ -3,8 +3,9 @@
     python -m analysis.generate RUN_OR_CHECKPOINT --prompt "def fibonacci(n):" [--max-new-tokens 200]
         [--temperature 0.8] [--top-k 50] [--top-p 0.95] [--seed 0] [--device cpu]
 
-The tokenizer is the run's: bytes for ``data=corpus``, the prepared folder's ``tokenizer.json`` for
-``data=code`` / ``text`` / ``memmap`` (a prepared folder) / ``mixture``. Prints the prompt and the
+RUN is anything ``runtime/load_run.py`` loads: a run folder, a checkpoint, or a folder ``analysis.export``
+wrote. The tokenizer is the run's: an exported folder's ``tokenizer.json``, bytes for ``data=corpus``, the
+prepared folder's ``tokenizer.json`` for ``data=code`` / ``text`` / ``memmap`` (a prepared folder) / ``mixture``. Prints the prompt and the
 continuation as it is generated, then the prefill time and the decoding speed in tokens per second.
 Exit status 2, with one message, for a run that cannot be loaded or data without a tokenizer.
 """
@@ -17,35 +18,9 @@ import time
 
 import torch
 
-from components.data.text.prepared import PreparedFolder, PreparedFolderError, is_prepared
-from components.data.text.tokenizers import ByteTokenizer, TextTokenizer
+from components.data.text.tokenizers import TextTokenizer
 from components.generate import generate
-from runtime.load_run import RunLoadError, load_run
-
-
-class NoTokenizerError(ValueError):
-    """The run's data has no tokenizer to turn a prompt into tokens."""
-
-
-def run_tokenizer(data) -> TextTokenizer:
-    """The tokenizer a run's data config was tokenised with."""
-    name = data.name
-    if name == "corpus":
-        return ByteTokenizer()  # bytes plus the file separator 256, as the byte corpus
-    if name in ("text", "code"):
-        folder = data.folder()
-        if not is_prepared(folder):
-            raise NoTokenizerError(f"the run's data ({name}) is not prepared on this machine ({folder}); train or prepare it here first")
-    elif name == "memmap" and is_prepared(data.path):
-        folder = data.path
-    elif name == "mixture":
-        folder = next(iter(data.sources.values()))["path"]
-    else:
-        raise NoTokenizerError(f"the run's data ({name}) has no tokenizer (bare token files or synthetic data): nothing turns a text prompt into its tokens")
-    try:
-        return PreparedFolder.open(folder).tokenizer
-    except PreparedFolderError as err:
-        raise NoTokenizerError(str(err)) from None
+from runtime.load_run import RunLoadError, load_run, load_tokenizer
 
 
 class _Stream:
@@ -66,7 +41,7 @@ class _Stream:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.generate", description=__doc__.split("\n\n")[0])
-    p.add_argument("run", help="a run folder or a checkpoint file")
+    p.add_argument("run", help="a run folder, a checkpoint (file or sharded folder) or an exported folder")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
@@ -77,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         root, model = load_run(args.run, device=args.device)
-        tokenizer = run_tokenizer(root.data)
+        tokenizer = load_tokenizer(args.run, root)
         if args.temperature < 0 or (args.top_p is not None and not 0 < args.top_p <= 1) or args.max_new_tokens < 1:
             raise ValueError("--temperature must be >= 0, --top-p in (0, 1], --max-new-tokens >= 1")
-    except (RunLoadError, NoTokenizerError, ValueError) as err:
+    except (RunLoadError, ValueError) as err:
         print(f"analysis.generate: error: {err}", file=sys.stderr)
         return 2
     ids = tokenizer.encode_batch([args.prompt])[0].tolist() or [tokenizer.eod_id]

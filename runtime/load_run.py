@@ -1,27 +1,32 @@
-"""A trained model back out of a run: ``load_run(RUN_DIR or CHECKPOINT) -> (config, model)``.
+"""A trained model back out of a run: ``load_run(RUN_DIR, CHECKPOINT or EXPORTED_FOLDER) -> (config, model)``.
 
 Every checkpoint carries the run's composed config (``run_config``, written by the training module), so
-a checkpoint file alone is enough. A run folder resolves to its newest readable checkpoint (``last.ckpt``,
-then the periodic ones from the newest down). The model comes back in eval mode on the device and dtype
-asked for; the config is the typed ``RootConfig`` the run was trained with.
+a checkpoint alone is enough: a ``.ckpt`` file, or an FSDP2 sharded ``.ckpt`` folder (read on one
+process, every rank's shard reassembled). A run folder resolves to its newest readable checkpoint
+(``last.ckpt``, then the periodic ones from the newest down). A folder ``analysis.export`` wrote
+(safetensors + ``config.json`` with the composed config) loads too. The model comes back in eval mode
+on the device and dtype asked for; the config is the typed ``RootConfig`` the run was trained with.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Any, Optional
 
 import torch
 from omegaconf import OmegaConf
 
 from components.config import ModelConfig
+from components.data.text.tokenizers import TextTokenizer
 from components.model import Decoder
 from components.registry import FAMILIES
 from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
 from runtime.config import LoggerConfig, RootConfig, TrainerConfig
 
 CONFIG_KEY = "run_config"
+MODULE_PREFIX = "model."  # the training module holds the decoder as .model
 _COMPONENTS = {"mixer": "mixer", "ffn": "ffn", "residual": "residual", "balancer": "balancer", "data": "data", "optimizer": "optimizer"}
 
 
@@ -57,7 +62,7 @@ def resolve_checkpoint(path: str) -> str:
     if not os.path.isdir(path):
         raise RunLoadError(f"{path}: no such run folder or checkpoint file")
     if os.path.isfile(os.path.join(path, ".metadata")):
-        raise RunLoadError(f"{path} is a sharded (FSDP2) checkpoint folder; loading one outside a distributed run is not supported yet")
+        return path  # an FSDP2 sharded checkpoint folder
     candidates = checkpoint_candidates(path)
     if not candidates:
         raise RunLoadError(f"{path}: no checkpoint in {os.path.join(path, 'checkpoints')} (not a run folder, or it never saved one)")
@@ -70,8 +75,28 @@ def resolve_checkpoint(path: str) -> str:
     raise RunLoadError(f"{path}: none of its {len(candidates)} checkpoints is readable")
 
 
+def _sharded_model_state(ckpt_path: str, model: Decoder) -> dict[str, torch.Tensor]:
+    """The model weights of an FSDP2 sharded checkpoint folder, read on this one process into tensors
+    shaped like ``model``'s (torch.distributed.checkpoint reassembles every rank's shards)."""
+    from torch.distributed.checkpoint import FileSystemReader, load
+
+    wanted = {f"{MODULE_PREFIX}{k}": torch.empty_like(v) for k, v in model.state_dict().items()}
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            load({"state_dict": wanted}, storage_reader=FileSystemReader(ckpt_path))
+    except Exception as err:  # a key or shape the folder's index does not have
+        raise RunLoadError(f"{ckpt_path}: its weights do not fit the model its config builds: {str(err).strip().splitlines()[-1]}") from None
+    return wanted
+
+
 def load_run(path: str, device: str | torch.device = "cpu", dtype: Optional[torch.dtype] = None) -> tuple[RootConfig, Decoder]:
     """(the run's config, its trained model in eval mode on ``device``, in ``dtype`` if given)."""
+    from components.hf.checkpoint import is_checkpoint_folder
+
+    if is_checkpoint_folder(path):
+        root, model = load_exported(path)
+        return root, model.to(device=device, dtype=dtype).eval()
     ckpt_path = resolve_checkpoint(path)
     try:
         ckpt = load_checkpoint_file(ckpt_path)
@@ -81,8 +106,8 @@ def load_run(path: str, device: str | torch.device = "cpu", dtype: Optional[torc
         raise RunLoadError(f"{ckpt_path} holds no run config (written before checkpoints carried one); resume it once with ckpt_path to write a new checkpoint")
     root = config_from_container(ckpt[CONFIG_KEY])
     model = Decoder(root.decoder_config())
-    prefix = "model."
-    state = {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+    weights = _sharded_model_state(ckpt_path, model) if os.path.isdir(ckpt_path) else ckpt["state_dict"]
+    state = {k[len(MODULE_PREFIX):]: v for k, v in weights.items() if k.startswith(MODULE_PREFIX)}
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
@@ -95,14 +120,58 @@ def load_run(path: str, device: str | torch.device = "cpu", dtype: Optional[torc
 
 def load_exported(folder: str) -> tuple[RootConfig, Decoder]:
     """(config, model with the folder's weights) of a folder ``analysis.export`` wrote."""
-    from components.hf.checkpoint import import_weights
+    from components.hf.checkpoint import WeightsMismatch, import_weights
     from components.hf.config_json import SANDBOX_KEY, read_config
 
     cfg = read_config(folder)
     if SANDBOX_KEY not in cfg:
         raise RunLoadError(f"{os.path.join(folder, 'config.json')} has no '{SANDBOX_KEY}' section (not exported by this "
-                           "project): load it into a composed model with components.hf.checkpoint.import_weights")
+                           "project), so it names no composed model: train from it with init_from=FOLDER and the "
+                           "overrides that compose its model (e.g. experiment=k3_full)")
     root = config_from_container(cfg[SANDBOX_KEY])
     model = Decoder(root.decoder_config())
-    import_weights(folder, model)
+    try:
+        import_weights(folder, model)
+    except WeightsMismatch as err:
+        raise RunLoadError(str(err)) from None
     return root, model.eval()
+
+
+class NoTokenizerError(RunLoadError):
+    """The run's data has no tokenizer to turn text into tokens."""
+
+
+def load_tokenizer(path: str, root: RootConfig) -> TextTokenizer:
+    """The tokenizer of the run ``path`` names (``root`` is its config): an exported folder's own
+    ``tokenizer.json``, bytes for ``data=corpus``, else the run's prepared data folder's tokenizer."""
+    from components.data.text.prepared import PreparedFolder, PreparedFolderError, is_prepared
+    from components.data.text.tokenizers import TOKENIZER_FILE, ByteTokenizer, HFTokenizer, TokenizerError, _read_tokenizer_json
+
+    exported = os.path.join(path, TOKENIZER_FILE)
+    if os.path.isdir(path) and os.path.isfile(exported) and os.path.isfile(os.path.join(path, "config.json")):
+        from components.hf.config_json import read_config
+
+        try:
+            raw = _read_tokenizer_json(exported)
+        except TokenizerError as err:
+            raise NoTokenizerError(str(err)) from None
+        eod_id = read_config(path).get("eos_token_id")
+        return HFTokenizer(raw, "file", exported, raw.id_to_token(eod_id) if eod_id is not None else None)
+    data = root.data
+    if data.name == "corpus":
+        return ByteTokenizer()  # bytes plus the file separator 256, as the byte corpus
+    if data.name in ("text", "code"):
+        folder = data.folder()
+        if not is_prepared(folder):
+            raise NoTokenizerError(f"the run's data ({data.name}) is not prepared on this machine ({folder}); train or prepare it here first")
+    elif data.name == "memmap" and is_prepared(data.path):
+        folder = data.path
+    elif data.name == "mixture":
+        folder = next(iter(data.sources.values()))["path"]
+    else:
+        raise NoTokenizerError(f"the run's data ({data.name}) has no tokenizer (bare token files or synthetic data): nothing turns text into its tokens")
+    try:
+        return PreparedFolder.open(folder).tokenizer
+    except PreparedFolderError as err:
+        raise NoTokenizerError(str(err)) from None
+

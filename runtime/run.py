@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from runtime.config import RootConfig, branch_checkpoint, describe_length, to_container, training_steps
 from components.layer_plan import describe_plan
+from components.hf.checkpoint import import_weights
 from components.registry import DATASETS
 from runtime import handoff
 from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
@@ -172,12 +173,16 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     root.trainer.max_steps = training_steps(root)  # a token budget becomes steps; the schedule spans them
     ckpt = resolve_resume(root.ckpt_path, run_dir)
     branched = ckpt is None and root.init_from is not None
+    init_weights = None
     if branched:
         ckpt = branch_checkpoint(root)  # a new run from another run's checkpoint
+        init_weights = None if ckpt else root.init_from  # or from exported weights, at step 0
 
     dataset = DATASETS.build(root.data, root.seed)
     module = LanguageModelModule(root, dataset)
     model = module.model
+    if init_weights:
+        import_weights(init_weights, model)  # checked against the composed model when the config was validated
     data = TokenDataModule(dataset, root.trainer.accumulate_grad_batches, root.trainer.limit_val_batches)
     seq_len = dataset.seq_len
     throughput = Throughput(model.flops_per_token(seq_len), dataset.batch_size * seq_len)
@@ -199,6 +204,8 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
         print(f"training: {length}")
         if ckpt:
             print(f"{'branching from' if branched else 'resuming from'} {ckpt}")
+        if init_weights:
+            print(f"initial weights from {init_weights}")
     if wandb_logger is not None and trainer.is_global_zero:
         run_info["wandb_id"] = wandb_logger.experiment.id
         run_info["wandb_dir"] = wandb_logger.experiment.dir

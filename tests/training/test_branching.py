@@ -80,7 +80,7 @@ def test_a_killed_branch_resumes_exactly(stable_and_straight, tmp_path):
 def test_branch_options_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="init_step: needs init_from"):
         compose_root("init_step=3")
-    with pytest.raises(ConfigError, match="init_from: .* neither a checkpoint nor a run folder"):
+    with pytest.raises(ConfigError, match="init_from: .* neither a checkpoint, a run folder .* nor a folder of exported weights"):
         compose_root(f"init_from={tmp_path}")
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "step=3.ckpt").write_bytes(b"x")

@@ -1,4 +1,5 @@
-"""load_run: a run folder or a checkpoint file alone gives back the run's config and trained model."""
+"""load_run: a run folder, a checkpoint file alone or an exported folder gives back the run's config and
+trained model; an exported folder generates like its run and starts a new run (init_from)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch.nn.functional as F
 from components.registry import DATASETS
 from runtime.config import to_container
 from runtime.load_run import RunLoadError, load_run
-from tests.helpers import run_train
+from components.registry import ConfigError
+from tests.helpers import compose_root, run_train
 from tests.training.test_train import FAST, only_run_dir
 
 
@@ -83,6 +85,51 @@ def test_generate_refuses_what_it_cannot_load(tmp_path, capsys):
 
     assert main([str(tmp_path / "nope"), "--prompt", "x"]) == 2
     assert "analysis.generate: error:" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    from analysis.export import main
+
+    out = tmp_path_factory.mktemp("exported") / "model"
+    assert main([str(trained), str(out)]) == 0
+    return out
+
+
+def test_an_exported_folder_loads_and_generates_like_its_run(trained, exported, capsys):
+    from analysis.generate import main
+
+    assert (exported / "tokenizer.json").is_file()  # the run's BPE travels with the weights
+    root, model = load_run(str(exported))
+    run_root, run_model = load_run(str(trained))
+    assert to_container(root) == to_container(run_root)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), run_model.state_dict().values()))
+    texts = []
+    for source in (trained, exported):
+        assert main([str(source), "--prompt", "import os\n", "--max-new-tokens", "16", "--seed", "3"]) == 0
+        texts.append(capsys.readouterr().out.split("\n\n[")[0])
+    assert texts[0] == texts[1] and len(texts[0]) > len("import os\n")
+
+
+def test_a_run_starts_from_exported_weights(trained, exported, tmp_path):
+    # a learning rate of 1e-30 leaves every non-zero weight bit-identical: what the run holds after its
+    # step is what it loaded
+    result = run_train(*FAST, "mixer=kda", "model.mtp_depth=1", "trainer.max_steps=1", "trainer.val_check_interval=100",
+                       f"init_from={exported}", "optimizer.lr=1e-30", f"output_root={tmp_path}", "logger=csv")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"initial weights from {exported}" in result.stdout
+    _, started = load_run(str(only_run_dir(tmp_path)))
+    _, source = load_run(str(exported))
+    for (key, a), b in zip(started.state_dict().items(), source.state_dict().values()):
+        assert torch.allclose(a, b, rtol=0, atol=1e-20), key
+    assert json.loads((only_run_dir(tmp_path) / "summary.json").read_text())["steps"] == 1  # a new run: step 0, not the source's step
+
+
+def test_exported_weights_that_do_not_fit_the_composed_model_are_refused_before_training(exported):
+    with pytest.raises(ConfigError, match=r"init_from: .*model\.embed_tokens\.weight.*shape"):
+        compose_root("model=tiny", "mixer=kda", "model.mtp_depth=1", "model.d_model=96", f"init_from={exported}")
+    with pytest.raises(ConfigError, match="init_step: init_from=.* is a folder of exported weights"):
+        compose_root("model=tiny", "mixer=kda", "model.mtp_depth=1", f"init_from={exported}", "init_step=2")
 
 
 def test_top_p_keeps_the_smallest_nucleus():
