@@ -16,6 +16,9 @@ Writes into ``--out``:
 * ``loss.png``: training loss (lines) and validation loss (markers) against step, one colour per run,
   labelled by its varied options;
 * ``maxvio.png``: MaxVio per MoE layer against step (runs with routed experts);
+* MQAR runs with test segments: a recall table per segment (also ``recall.csv``) and
+  ``recall_width.png`` / ``recall_state.png``, accuracy against width and against decoding state size,
+  one line per mixer (``analysis/recall.py``);
 * ``depth_<n>_<label>.png``: AttnRes depth weights of the last validation (runs with AttnRes);
 * ``index.html`` with ``--html``: the tables and figures on one page.
 """
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from analysis import recall
 from runtime.sweep_job import INDEX_FILE, read_index
 from runtime.jsonl_logger import read_metrics
 
@@ -274,12 +278,18 @@ def compare(paths: list[str], out: str, make_html: bool = False, wandb_api: Any 
         md += "\n" + markdown(*seeds)
         tables.append(("seeds", *seeds))
         write_csv(out_dir / "seeds.csv", *seeds)
+    recall_table = recall.table(runs)
+    if recall_table is not None:
+        md += "\n" + markdown(*recall_table)
+        tables.append(("recall per test segment", *recall_table))
+        write_csv(out_dir / "recall.csv", *recall_table)
     (out_dir / "table.md").write_text(md)
     write_csv(out_dir / "table.csv", header, rows)
     images = [plot_loss(runs, out_dir)]
     maxvio = plot_maxvio(runs, out_dir)
     if maxvio is not None:
         images.append(maxvio)
+    images += [p for p in (recall.plot(runs, out_dir, "width"), recall.plot(runs, out_dir, "state")) if p is not None]
     images += plot_depth(runs, out_dir)
     result = {"runs": len(runs), "table": str(out_dir / "table.md"), "images": [str(p) for p in images]}
     if make_html:

@@ -16,6 +16,7 @@ A study is ``sweeps/<STUDY>.yaml``:
     seeds: [0]         # each point repeated over these seeds (a `seed` axis when more than one)
     overrides: [...]   # fixed, CPU-friendly scale; anything on the command line comes after and wins
     smoke: [...]       # with --smoke: this study's additions to the shared SMOKE preset below
+                       # ("-KEY" drops the preset's override of KEY, e.g. -data.val_tokens for data=mqar)
     compare_at: tokens # what the points hold equal: tokens (the default: one token budget for all) or
                        # time (each point's budget sized to the same training time, e.g. tokenizers,
                        # whose tokens stand for different amounts of text)
@@ -110,7 +111,11 @@ def commands(name: str, study: dict[str, Any], extra: list[str], smoke: bool, sw
         grid = search_overrides(study["search"])
     seeds = study.get("seeds") or [0]
     seed_axis = [f"seed={','.join(str(s) for s in seeds)}"]
-    fixed = list(study.get("overrides") or []) + ([*SMOKE, *(study.get("smoke") or [])] if smoke else [])
+    fixed = list(study.get("overrides") or [])
+    if smoke:
+        own = study.get("smoke") or []
+        dropped = {o[1:] for o in own if o.startswith("-")}
+        fixed += [o for o in SMOKE if split_override(o)[0] not in dropped] + [o for o in own if not o.startswith("-")]
     out = []
     for point, overrides in study["points"].items():
         merged: dict[str, str] = {}  # one override per key, the last one given wins

@@ -25,7 +25,7 @@ SMOKE_POINTS = {"mixers": "gqa,k3_hybrid", "moe_form": "dense,stable_latent_moe"
 
 # the default suite runs the core studies' smoke variants; every study's jobs still compose and validate
 # below, and -m slow runs every smoke variant
-SLOW_SMOKE = {"k3_decisions", "ffn_activation", "lr_search", "tokenizers", "moe_form", "residual"}
+SLOW_SMOKE = {"k3_decisions", "ffn_activation", "lr_search", "tokenizers", "moe_form", "residual", "mqar"}
 
 
 @pytest.mark.parametrize("study", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SMOKE else s for s in STUDIES])
@@ -79,11 +79,13 @@ def _smoke(tmp_path: Path, study: str, points: str | None) -> None:
     n_seeds = len(spec.get("seeds") or [0])
     searched = set(spec.get("search", {}).get("params", {}))
     trials = 2 if searched else n_seeds  # the smoke variant of a search runs 2 trials
-    assert len(index) == len(chosen) * trials and {e["status"] for e in index} == {"finished"}
+    assert {e["status"] for e in index} == {"finished"}
     assert {e["varied"]["point"] for e in index} == set(chosen)
     if n_seeds > 1:
         assert {e["varied"]["seed"] for e in index} == {str(s) for s in spec["seeds"]}
-    assert all(set(e["varied"]) == {"point", *searched} | ({"seed"} if n_seeds > 1 else set()) for e in index)  # fixed overrides are not "varied"
+    grid = set(spec.get("grid") or {})
+    assert len(index) == len(chosen) * trials * max(1, len(set(e["varied"].get(k) for e in index for k in grid)))
+    assert all(set(e["varied"]) == {"point", *searched, *grid} | ({"seed"} if n_seeds > 1 else set()) for e in index)  # fixed overrides are not "varied"
     if searched:  # the Optuna sweeper's verdict, and every trial tagged with the values it tried
         assert "best_params" in (sweep_dir / "optimization_results.yaml").read_text()
         assert len({e["varied"]["optimizer.lr"] for e in index}) == 2

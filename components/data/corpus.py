@@ -168,7 +168,7 @@ class StdlibCorpus(TokenStreamDataset):
     # bits per byte over byte targets (the separator is predicted and trained on, but is not a byte)
     def metric_sums(self, logits, targets, token_loss, index=0):
         sums = super().metric_sums(logits, targets, token_loss, index)
-        is_byte = targets < NUM_BYTE_TOKENS
+        is_byte = (targets >= 0) & (targets < NUM_BYTE_TOKENS)  # -100: not scored
         sums["byte_loss_sum"] = (token_loss * is_byte).sum()
         sums["bytes"] = is_byte.sum()
         return sums

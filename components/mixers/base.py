@@ -40,6 +40,11 @@ class Mixer(Sublayer):
         """An empty per-layer decoding state for ``batch_size`` sequences."""
         raise NotImplementedError
 
+    def max_seq_len(self) -> Optional[int]:
+        """The longest sequence this mixer can process (a table of learned positions, a fixed window
+        buffer); None: any length. Evaluation refuses longer lengths by name (analysis.evaluate)."""
+        return None
+
     # -- accounting (analysis.model_report, throughput MFU) ------------------------------------------
     def flops_per_token(self, seq_len: int) -> float:
         """Forward FLOPs per token that are not products with weight matrices (attention scores, the

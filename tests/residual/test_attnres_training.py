@@ -18,7 +18,8 @@ DATA = {
 
 
 @pytest.mark.parametrize("residual", [["residual=block_attnres", "residual.block_size=2"], ["residual=full_attnres"]], ids=["block2", "full"])
-@pytest.mark.parametrize("data", sorted(DATA))
+# the default suite trains on MQAR (whose accuracy the depth weights serve); -m slow adds the byte corpus
+@pytest.mark.parametrize("data", [pytest.param(d, marks=pytest.mark.slow) if d == "corpus" else d for d in sorted(DATA)])
 def test_attnres_trains_and_logs_depth_weights(tmp_path, residual, data):
     result = run_train(*residual, f"data={data}", *DATA[data], "model=tiny", "model.n_layers=4", "trainer.max_steps=4",
                        "trainer.val_check_interval=2", "trainer.compile=false", "trainer.max_time_minutes=null",

@@ -1,0 +1,238 @@
+"""Evaluate a trained run beyond its validation loss: loss and bits per byte at multiples of the training
+length, bucketed by position.
+
+    python -m analysis.evaluate RUN --lengths 1x,2x,4x,8x [--tokens 65536] [--batch-tokens 16384] [--device cpu] [--out DIR]
+
+RUN is anything ``runtime/load_run.py`` loads (run folder, checkpoint, exported folder). Each length (a
+multiple ``Nx`` of the run's ``data.seq_len``, or a number of tokens) is scored on consecutive windows of
+the run's validation split, about ``--tokens`` tokens of them. The loss is also reported per position
+bucket -- [0, T/4), [T/4, T/2), [T/2, T), [T, 2T), [2T, 4T), ... for training length T -- so RoPE and
+NoPE attention and KDA can be compared beyond the length they trained on. With document masking the
+position is the one within the document, which is what the model sees.
+
+Results go to ``<run folder>/eval/lengths.json`` and ``lengths.png`` (``--out`` for a checkpoint or
+exported folder outside a run folder) and, when the run recorded a W&B run, into that run's summary
+(``eval/length_<L>/loss``, ``.../bpb``). ``analysis.compare`` shows them beside the training metrics.
+Exit status 2, with one message, for a missing run, a checkpoint that does not load, data without a
+validation token stream, or a length that a mixer or the validation split cannot hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from components.data.base import IGNORE_INDEX
+
+RESULTS_FILE = "lengths.json"
+
+
+class EvaluationError(ValueError):
+    """An evaluation that cannot run; the message names the run, option or length and why."""
+
+
+def parse_lengths(spec: str, train_len: int) -> list[int]:
+    """``"1x,2x,4x"`` (multiples of the training length) or token counts -> lengths in tokens."""
+    out = []
+    for part in (p.strip() for p in spec.split(",")):
+        try:
+            length = round(float(part[:-1]) * train_len) if part.endswith("x") else int(part)
+        except ValueError:
+            raise EvaluationError(f"--lengths: '{part}' is neither a multiple of the training length (e.g. 2x) nor a number of tokens") from None
+        if length < 2:
+            raise EvaluationError(f"--lengths: '{part}' gives {length} tokens; a length needs at least 2")
+        out.append(length)
+    return sorted(set(out))
+
+
+def position_buckets(train_len: int, length: int) -> list[tuple[int, int]]:
+    """[0, T/4), [T/4, T/2), [T/2, T), [T, 2T), [2T, 4T), ... cut at ``length``."""
+    edges = sorted({0, *(e for e in (train_len // 4, train_len // 2) if e > 0)})
+    edge = train_len
+    while edge < length:
+        edges.append(edge)
+        edge *= 2
+    edges.append(length)
+    return [(a, b) for a, b in zip(edges, edges[1:]) if a < b]
+
+
+def check_mixers(model: Any, length: int) -> None:
+    for i, layer in enumerate(model.layers):
+        limit = layer.mixer.max_seq_len()
+        if limit is not None and length > limit:
+            raise EvaluationError(f"--lengths: {length} tokens is beyond what layer {i}'s mixer ({layer.spec.mixer.name}) supports: at most {limit}")
+
+
+def positions_in_context(x: torch.Tensor, eod_id: Optional[int]) -> torch.Tensor:
+    """``[B, T]``: each token's position within what it may attend to (its document with masking)."""
+    T = x.shape[1]
+    t = torch.arange(T, device=x.device).expand_as(x)
+    if eod_id is None:
+        return t
+    from components.nn.segments import Segments
+
+    starts = torch.where(Segments.from_eod(x, eod_id).starts, t, torch.zeros_like(t))
+    return t - starts.cummax(dim=1).values
+
+
+@torch.no_grad()
+def evaluate_length(model: Any, dataset: Any, length: int, tokens: int, batch_tokens: int, device: str) -> dict[str, Any]:
+    """Loss (and the dataset's metric, e.g. bpb) at ``length`` over consecutive validation windows, overall
+    and per position bucket."""
+    val = dataset.val
+    windows = min(max(1, tokens // length), (len(val) - 1) // length)
+    masking = dataset.eod_id if dataset.document_masking else None
+    buckets = position_buckets(dataset.seq_len, length)
+    sums: list[dict[str, float]] = [{} for _ in range(len(buckets) + 1)]  # per bucket, then overall
+    rows = max(1, batch_tokens // length)
+    for first in range(0, windows, rows):
+        starts = range(first * length, min(first + rows, windows) * length, length)
+        chunk = torch.stack([torch.from_numpy(val[s : s + length + 1].astype("int64")) for s in starts]).to(device)  # [B, L+1]
+        x, y = chunk[:, :-1], chunk[:, 1:]
+        segments = None
+        if masking is not None:
+            from components.nn.segments import Segments
+
+            segments = Segments.from_eod(x, masking)
+        logits = model(x, segments=segments).float()  # [B, L, V]
+        token_loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none", ignore_index=IGNORE_INDEX).view_as(y)
+        position = positions_in_context(x, masking)
+        for i, (a, b) in enumerate([*buckets, (0, length)]):
+            scored = torch.where((position >= a) & (position < b), y, torch.full_like(y, IGNORE_INDEX))
+            for k, v in dataset.metric_sums(logits, scored, token_loss).items():
+                sums[i][k] = sums[i].get(k, 0.0) + float(v)
+    finished = [dataset.finish_metrics(s) if s.get("tokens") else {} for s in sums]
+    return {
+        "length": length,
+        "multiple": length / dataset.seq_len,
+        "windows": windows,
+        "tokens": windows * length,
+        **{k: float(v) for k, v in finished[-1].items()},
+        "buckets": [{"from": a, "to": b, "tokens": int(sums[i].get("tokens", 0)), **{k: float(v) for k, v in finished[i].items()}}
+                    for i, (a, b) in enumerate(buckets)],
+    }
+
+
+def run_folder_of(path: str) -> Optional[Path]:
+    """The run folder ``path`` is or lies in (a checkpoint under ``<run>/checkpoints/``), else None."""
+    p = Path(path).resolve()
+    for candidate in (p, p.parent.parent if p.parent.name == "checkpoints" else None):
+        if candidate is not None and (candidate / "checkpoints").is_dir():
+            return candidate
+    return None
+
+
+def log_to_wandb(run_dir: Path, root: Any, metrics: dict[str, float]) -> Optional[str]:
+    """Write ``metrics`` into the summary of the W&B run the training run recorded (offline runs get a
+    new offline segment of the same id, which ``wandb sync`` merges). Returns the run id, or None."""
+    info_path = run_dir / "run.json"
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    if not info.get("wandb_id"):
+        return None
+    from runtime.loggers import _wandb_settings, wandb_mode
+
+    mode = wandb_mode(root.logger.mode)
+    if mode == "disabled":
+        return None
+    import wandb
+
+    run = wandb.init(id=info["wandb_id"], resume="allow", project=root.logger.project, entity=root.logger.entity,
+                     dir=str(run_dir), mode=mode, settings=_wandb_settings(root.logger.init_timeout_s))
+    try:
+        run.summary.update(metrics)
+    finally:
+        run.finish()
+    return info["wandb_id"]
+
+
+def plot_lengths(results: list[dict[str, Any]], path: Path, title: str) -> None:
+    from analysis.compare import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    for r in results:
+        mids = [(b["from"] + b["to"]) / 2 for b in r["buckets"] if b.get("tokens")]
+        losses = [b["loss"] for b in r["buckets"] if b.get("tokens")]
+        ax.plot(mids, losses, marker="o", label=f"{r['length']} tokens ({r['multiple']:g}x)")
+    ax.axvline(results[0]["length"] / results[0]["multiple"], color="grey", ls=":", lw=1, label="training length")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("position in context (bucket middle, tokens)")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def evaluate_lengths(run: str, spec: str, tokens: int, batch_tokens: int, device: str, out: Optional[str]) -> dict[str, Any]:
+    from components.registry import DATASETS
+    from runtime.load_run import load_run
+
+    out_dir = Path(out) if out else (run_folder_of(run) / "eval" if run_folder_of(run) else None)
+    if out_dir is None:
+        raise EvaluationError(f"{run} is not in a run folder: name where the results go with --out")
+    root, model = load_run(run, device=device)
+    try:
+        dataset = DATASETS.build(root.data, root.seed)
+    except (ValueError, OSError) as err:
+        raise EvaluationError(f"the run's data ({root.data.name}) does not load here: {err}") from None
+    if not hasattr(dataset, "val"):
+        raise EvaluationError(f"the run's data ({root.data.name}) has no validation token stream to cut longer windows from"
+                              + (" (MQAR: list longer settings in data.test_segments instead)" if root.data.name == "mqar" else ""))
+    lengths = parse_lengths(spec, dataset.seq_len)
+    for length in lengths:
+        check_mixers(model, length)
+        if length + 1 > len(dataset.val):
+            raise EvaluationError(f"--lengths: {length} tokens is longer than the validation split ({len(dataset.val):,} tokens)")
+    results = []
+    for length in lengths:
+        r = evaluate_length(model, dataset, length, tokens, batch_tokens, device)
+        results.append(r)
+        metric = dataset.metric if dataset.metric in r else "loss"
+        print(f"{length:>7} tokens ({r['multiple']:g}x): loss {r['loss']:.4f}" + (f", {metric} {r[metric]:.4f}" if metric != "loss" else "")
+              + f"  [{r['windows']} windows]")
+        print("        by position: " + "  ".join(f"[{b['from']},{b['to']}) {b['loss']:.3f}" for b in r["buckets"] if b.get("tokens")))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {"run": str(run), "train_length": dataset.seq_len, "mixer": root.mixer.name, "results": results}
+    (out_dir / RESULTS_FILE).write_text(json.dumps(record, indent=1))
+    plot_lengths(results, out_dir / "lengths.png", f"{root.mixer.name}: loss by position at several lengths (trained at {dataset.seq_len})")
+    flat = {f"eval/length_{r['length']}/{k}": r[k] for r in results for k in ("loss", "bpb", "accuracy") if k in r}
+    run_dir = run_folder_of(run)
+    wandb_id = log_to_wandb(run_dir, root, flat) if run_dir else None
+    print(f"wrote {out_dir / RESULTS_FILE}, {out_dir / 'lengths.png'}" + (f"; W&B run {wandb_id} summary" if wandb_id else ""))
+    return record
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis.evaluate", description=__doc__.split("\n\n")[0])
+    p.add_argument("run", help="a run folder, a checkpoint (file or sharded folder) or an exported folder")
+    p.add_argument("--lengths", required=True, help="comma-separated multiples of the training length (1x,2x,4x) or token counts")
+    p.add_argument("--tokens", type=int, default=65536, help="validation tokens scored per length (default 65536)")
+    p.add_argument("--batch-tokens", type=int, default=16384, help="tokens per forward pass (default 16384)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None, help="results folder (default: <run folder>/eval)")
+    args = p.parse_args(argv)
+    from runtime.load_run import RunLoadError
+
+    try:
+        if not os.path.exists(args.run):
+            raise EvaluationError(f"{args.run}: no such run folder, checkpoint or exported folder")
+        if args.tokens < 1 or args.batch_tokens < 1:
+            raise EvaluationError("--tokens and --batch-tokens must be positive")
+        evaluate_lengths(args.run, args.lengths, args.tokens, args.batch_tokens, args.device, args.out)
+    except (EvaluationError, RunLoadError) as err:
+        print(f"analysis.evaluate: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
