@@ -19,7 +19,7 @@ segment of ``num_val_examples``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
