@@ -1,7 +1,8 @@
 """Evaluate a trained run beyond its validation loss: loss and bits per byte at multiples of the training
-length, bucketed by position.
+length, bucketed by position; benchmark tasks through the lm-evaluation-harness.
 
     python -m analysis.evaluate RUN --lengths 1x,2x,4x,8x [--tokens 65536] [--batch-tokens 16384] [--device cpu] [--out DIR]
+    python -m analysis.evaluate RUN --tasks hellaswag,arc_easy [--include-path DIR] [--limit N] [--num-fewshot K]
 
 RUN is anything ``runtime/load_run.py`` loads (run folder, checkpoint, exported folder). Each length (a
 multiple ``Nx`` of the run's ``data.seq_len``, or a number of tokens) is scored on consecutive windows of
@@ -10,9 +11,13 @@ bucket -- [0, T/4), [T/4, T/2), [T/2, T), [T, 2T), [2T, 4T), ... for training le
 NoPE attention and KDA can be compared beyond the length they trained on. With document masking the
 position is the one within the document, which is what the model sees.
 
-Results go to ``<run folder>/eval/lengths.json`` and ``lengths.png`` (``--out`` for a checkpoint or
+``--tasks`` runs harness tasks on the run (``analysis/harness.py``; the ``eval`` extra): tasks whose data
+is on this machine (the harness's cache, or ``--include-path`` folders of task YAML files such as
+``tests/harness_tasks``). Results go to ``eval/harness.json``.
+
+Length results go to ``<run folder>/eval/lengths.json`` and ``lengths.png`` (``--out`` for a checkpoint or
 exported folder outside a run folder) and, when the run recorded a W&B run, into that run's summary
-(``eval/length_<L>/loss``, ``.../bpb``). ``analysis.compare`` shows them beside the training metrics.
+(``eval/length_<L>/loss``, ``.../bpb``, ``eval/<task>/<metric>``). ``analysis.compare`` shows them beside the training metrics.
 Exit status 2, with one message, for a missing run, a checkpoint that does not load, data without a
 validation token stream, or a length that a mixer or the validation split cannot hold.
 """
@@ -32,6 +37,7 @@ import torch.nn.functional as F
 from components.data.base import IGNORE_INDEX
 
 RESULTS_FILE = "lengths.json"
+HARNESS_FILE = "harness.json"
 
 
 class EvaluationError(ValueError):
@@ -176,9 +182,7 @@ def evaluate_lengths(run: str, spec: str, tokens: int, batch_tokens: int, device
     from components.registry import DATASETS
     from runtime.load_run import load_run
 
-    out_dir = Path(out) if out else (run_folder_of(run) / "eval" if run_folder_of(run) else None)
-    if out_dir is None:
-        raise EvaluationError(f"{run} is not in a run folder: name where the results go with --out")
+    out_dir = results_folder(run, out)
     root, model = load_run(run, device=device)
     try:
         dataset = DATASETS.build(root.data, root.seed)
@@ -211,10 +215,61 @@ def evaluate_lengths(run: str, spec: str, tokens: int, batch_tokens: int, device
     return record
 
 
+def results_folder(run: str, out: Optional[str]) -> Path:
+    if out:
+        return Path(out)
+    run_dir = run_folder_of(run)
+    if run_dir is None:
+        raise EvaluationError(f"{run} is not in a run folder: name where the results go with --out")
+    return run_dir / "eval"
+
+
+def evaluate_tasks(run: str, tasks: list[str], include_path: Optional[str], limit: Optional[float], num_fewshot: Optional[int],
+                   device: str, out: Optional[str], batch_size: int = 8) -> dict[str, Any]:
+    """The harness's tasks on the run; returns ``{task: {metric: value}}`` and writes ``eval/harness.json``."""
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise EvaluationError("--tasks needs the lm-evaluation-harness: pip install -e '.[eval]'") from None
+    from analysis.harness import K3HarnessModel
+
+    out_dir = results_folder(run, out)
+    if include_path is not None and not os.path.isdir(include_path):
+        raise EvaluationError(f"--include-path {include_path}: no such folder")
+    # the harness indexes its hundreds of built-in task files in about ten seconds: skipped when the
+    # include path holds every task asked for
+    manager = TaskManager(include_path=include_path, include_defaults=False) if include_path else None
+    if manager is None or any(t not in manager.all_tasks for t in tasks):
+        manager = TaskManager(include_path=include_path)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise EvaluationError(f"--tasks: unknown task(s) {', '.join(unknown)} (harness tasks, or task YAML files in --include-path)")
+    lm = K3HarnessModel(run, device=device, batch_size=batch_size)
+    result = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
+                                     log_samples=False, bootstrap_iters=0)
+    scores = {task: {k.split(",")[0]: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not k.startswith("alias")
+                     and "_stderr" not in k} for task, metrics in result["results"].items()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {"run": str(run), "tasks": tasks, "limit": limit, "num_fewshot": num_fewshot, "max_length": lm.max_length, "results": scores}
+    (out_dir / HARNESS_FILE).write_text(json.dumps(record, indent=1))
+    for task, metrics in scores.items():
+        print(f"{task}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    run_dir = run_folder_of(run)
+    flat = {f"eval/{task}/{k}": v for task, metrics in scores.items() for k, v in metrics.items()}
+    wandb_id = log_to_wandb(run_dir, lm.root, flat) if run_dir else None
+    print(f"wrote {out_dir / HARNESS_FILE}" + (f"; W&B run {wandb_id} summary" if wandb_id else ""))
+    return scores
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="a run folder, a checkpoint (file or sharded folder) or an exported folder")
-    p.add_argument("--lengths", required=True, help="comma-separated multiples of the training length (1x,2x,4x) or token counts")
+    p.add_argument("--lengths", help="comma-separated multiples of the training length (1x,2x,4x) or token counts")
+    p.add_argument("--tasks", help="comma-separated lm-evaluation-harness tasks")
+    p.add_argument("--include-path", default=None, help="a folder of extra task YAML files for --tasks")
+    p.add_argument("--limit", type=float, default=None, help="documents per task (a fraction if below 1)")
+    p.add_argument("--num-fewshot", type=int, default=None)
     p.add_argument("--tokens", type=int, default=65536, help="validation tokens scored per length (default 65536)")
     p.add_argument("--batch-tokens", type=int, default=16384, help="tokens per forward pass (default 16384)")
     p.add_argument("--device", default="cpu")
@@ -225,9 +280,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if not os.path.exists(args.run):
             raise EvaluationError(f"{args.run}: no such run folder, checkpoint or exported folder")
+        if not (args.lengths or args.tasks):
+            raise EvaluationError("name what to evaluate: --lengths and/or --tasks")
         if args.tokens < 1 or args.batch_tokens < 1:
             raise EvaluationError("--tokens and --batch-tokens must be positive")
-        evaluate_lengths(args.run, args.lengths, args.tokens, args.batch_tokens, args.device, args.out)
+        if args.lengths:
+            evaluate_lengths(args.run, args.lengths, args.tokens, args.batch_tokens, args.device, args.out)
+        if args.tasks:
+            evaluate_tasks(args.run, [t.strip() for t in args.tasks.split(",") if t.strip()], args.include_path, args.limit,
+                           args.num_fewshot, args.device, args.out)
     except (EvaluationError, RunLoadError) as err:
         print(f"analysis.evaluate: error: {err}", file=sys.stderr)
         return 2

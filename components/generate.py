@@ -18,7 +18,7 @@ def generate(
     top_k: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
     top_p: Optional[float] = None,
-    on_token: Optional[Callable[[torch.Tensor], None]] = None,
+    on_token: Optional[Callable[[torch.Tensor], Optional[bool]]] = None,
 ) -> torch.Tensor:
     """Continue ``prompt [B, T]`` by ``max_new_tokens`` tokens; returns ``[B, T + max_new_tokens]``.
 
@@ -26,7 +26,8 @@ def generate(
     ``logits / temperature``, restricted to the ``top_k`` most likely tokens and to the smallest set
     whose probability reaches ``top_p`` (nucleus) when given. The prompt is processed once (prefill);
     every later step feeds only the newest token through the cache. ``on_token`` sees each new
-    ``[B, 1]`` token as it is chosen (streaming).
+    ``[B, 1]`` token as it is chosen (streaming); returning True stops generation after that token
+    (a stop sequence), so the result may be shorter.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -49,8 +50,8 @@ def generate(
                 outside = sorted_p.cumsum(-1) - sorted_p >= top_p  # tokens after the nucleus is full
                 probs = probs.scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
             token = torch.multinomial(probs, 1, generator=generator)  # [B, 1]
-        if on_token is not None:
-            on_token(token)
         out.append(token)
+        if on_token is not None and on_token(token):
+            break
         logits = model(token, cache=cache)[:, -1]
     return torch.cat(out, dim=1)

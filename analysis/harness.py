@@ -1,0 +1,129 @@
+"""Any run as an lm-evaluation-harness model, registered in the harness's registry as ``k3``.
+
+    python -m analysis.harness --model k3 --model_args run=RUN[,device=cpu,max_length=N,batch_size=8] --tasks TASKS [harness options]
+    python -m analysis.evaluate RUN --tasks TASKS [--include-path DIR] [--limit N]
+
+The first form is the harness's own command line (``lm_eval``) with this module imported first, so that
+``--model k3`` resolves: the harness (0.4) discovers models only among its own modules, so a bare
+``lm_eval --model k3`` cannot see a model defined outside it. Programmatically,
+``import analysis.harness`` then ``lm_eval.simple_evaluate(model="k3", model_args="run=RUN", ...)``.
+
+RUN is anything ``runtime/load_run.py`` loads; the tokenizer is the run's (bytes or its ``tokenizer.json``,
+``load_tokenizer``). ``max_length`` (default: the run's training length) bounds the tokens one forward
+pass sees: longer contexts keep their end. Needs the ``eval`` extra (``pip install -e '.[eval]'``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+
+from analysis.loglikelihood import continuation_logprobs, rolling_logprob
+from components.generate import generate
+from runtime.load_run import load_run, load_tokenizer
+
+MODEL_NAME = "k3"
+
+
+@register_model(MODEL_NAME)
+class K3HarnessModel(TemplateLM):
+    """A run's decoder and tokenizer behind the harness's three request types."""
+
+    def __init__(self, run: str, device: str = "cpu", batch_size: int | str = 8, max_length: Optional[int] = None,
+                 max_batch_size: Optional[int] = None, **_: Any) -> None:
+        super().__init__()
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            print(f"analysis.harness: device {device} is not available here; using the CPU", file=sys.stderr)  # the harness's CLI default is cuda
+            device = "cpu"
+        self.root, self.model = load_run(run, device=device)
+        self.tokenizer_ = load_tokenizer(run, self.root)
+        self.run = run
+        self._device = torch.device(device)
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" probing is not needed on small models
+        self.max_length = int(max_length) if max_length else self.root.data.seq_len
+
+    # -- what TemplateLM needs -----------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer_.eod_id
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"k3:{self.tokenizer_.describe()['hash']}"
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> list[int]:
+        return [int(t) for t in self.tokenizer_.encode_batch([string])[0]]
+
+    def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]], disable_tqdm: bool = False,
+                              **kwargs: Any) -> list[tuple[float, bool]]:
+        pairs = [(context, continuation) for _, context, continuation in requests]
+        results = continuation_logprobs(self.model, pairs, self.max_length, self.batch_size, self._device)
+        for (key, _, _), result in zip(requests, results):
+            self.cache_hook.add_partial("loglikelihood", key, result)
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        out = []
+        for request in requests:
+            (text,) = request.args
+            score = rolling_logprob(self.model, self.tok_encode(text), self.eot_token_id, self.max_length, self._device)
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), score)
+            out.append(score)
+        return out
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        out = []
+        for request in requests:
+            context, gen_kwargs = request.args
+            text = self.complete(context, dict(gen_kwargs or {}))
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+            out.append(text)
+        return out
+
+    # -- generation ----------------------------------------------------------------------------------
+    def complete(self, context: str, gen_kwargs: dict[str, Any]) -> str:
+        """Greedy (or sampled, with ``temperature`` > 0) continuation of ``context`` up to the first stop
+        string in ``until`` (default: the end-of-document text) or ``max_gen_toks`` tokens."""
+        until = gen_kwargs.pop("until", None) or []
+        until = [until] if isinstance(until, str) else list(until)
+        max_new = int(gen_kwargs.pop("max_gen_toks", 256))
+        temperature = float(gen_kwargs.pop("temperature", 0.0) or 0.0)
+        do_sample = bool(gen_kwargs.pop("do_sample", temperature > 0))
+        ids = self.tok_encode(context) or [self.eot_token_id]
+        ids = ids[-max(1, self.max_length - max_new):]  # room for the continuation within max_length
+        generated: list[int] = []
+
+        def on_token(token: torch.Tensor) -> bool:
+            generated.append(int(token[0, 0]))
+            text = self.tokenizer_.decode(generated)
+            return generated[-1] == self.eot_token_id or any(stop in text for stop in until)
+
+        generate(self.model, torch.tensor([ids], device=self._device), max_new, temperature=temperature if do_sample else 0.0,
+                 generator=torch.Generator(device=self._device).manual_seed(0), on_token=on_token)
+        if generated and generated[-1] == self.eot_token_id:
+            generated = generated[:-1]
+        text = self.tokenizer_.decode(generated)
+        for stop in until:  # the harness expects the text before the first stop string
+            text = text.split(stop)[0]
+        return text
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """The harness's own command line, with ``k3`` registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]
+    cli_evaluate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
