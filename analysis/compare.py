@@ -16,6 +16,8 @@ Writes into ``--out``:
 * ``loss.png``: training loss (lines) and validation loss (markers) against step, one colour per run,
   labelled by its varied options;
 * ``maxvio.png``: MaxVio per MoE layer against step (runs with routed experts);
+* runs evaluated with ``analysis.evaluate``: an evaluation table (also ``eval.csv``: loss and bits per
+  byte per length, harness task metrics) and ``eval_lengths.png``, loss against evaluation length;
 * MQAR runs with test segments: a recall table per segment (also ``recall.csv``) and
   ``recall_width.png`` / ``recall_state.png``, accuracy against width and against decoding state size,
   one line per mixer (``analysis/recall.py``);
@@ -82,11 +84,67 @@ def _load_run(run_dir: Path, varied: Optional[dict[str, str]] = None) -> Run:
     if not summary_path.exists():
         raise FileNotFoundError(f"{run_dir}: no summary.json (not a finished run folder)")
     summary = json.loads(summary_path.read_text())
+    summary["eval"] = read_evaluations(run_dir)
     metrics_path = run_dir / "metrics.jsonl"
     metrics = read_metrics(str(metrics_path)) if metrics_path.exists() else []
     varied = dict(varied or {})
     label = ", ".join(f"{k}={v}" for k, v in varied.items()) or summary.get("name") or run_dir.name
     return Run(run_dir, label, varied, summary, metrics)
+
+
+def read_evaluations(run_dir: Path) -> dict[str, float]:
+    """``analysis.evaluate``'s results in a run folder, keyed as in the run's W&B summary without the
+    ``eval/`` prefix: ``length_<L>/loss``, ``length_<L>/bpb``, ``<task>/<metric>``."""
+    out: dict[str, float] = {}
+    lengths, harness = run_dir / "eval" / "lengths.json", run_dir / "eval" / "harness.json"
+    if lengths.is_file():
+        for r in json.loads(lengths.read_text())["results"]:
+            out.update({f"length_{r['length']}/{k}": r[k] for k in ("loss", "bpb", "accuracy") if k in r})
+    if harness.is_file():
+        for task, metrics in json.loads(harness.read_text())["results"].items():
+            out.update({f"{task}/{k}": v for k, v in metrics.items()})
+    return out
+
+
+def eval_rows(runs: list[Run]) -> Optional[tuple[list[str], list[list[Any]]]]:
+    """Evaluation results beside each run (lengths in increasing order, then tasks)."""
+    keys = list(dict.fromkeys(k for r in runs for k in r.summary.get("eval", {})))
+    if not keys:
+        return None
+
+    def order(key: str) -> tuple:
+        head = key.partition("/")[0]
+        return (0, int(head[len("length_"):]), "") if head.startswith("length_") and head[7:].isdigit() else (1, 0, head)
+
+    keys.sort(key=order)  # stable: each length's or task's metrics stay in the order they were written
+    rows = [[r.label, *[r.summary.get("eval", {}).get(k) for k in keys]] for r in runs if r.summary.get("eval")]
+    return ["run", *keys], rows
+
+
+def plot_lengths(runs: list[Run], out: Path) -> Optional[Path]:
+    """Loss at each evaluated length, one line per run (``analysis.evaluate --lengths``)."""
+    series = []
+    for r in runs:
+        points = sorted((int(k.split("/")[0][len("length_"):]), v) for k, v in r.summary.get("eval", {}).items()
+                        if k.startswith("length_") and k.endswith("/loss"))
+        if points:
+            series.append((r.label, points))
+    if not series:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    for label, points in series:
+        ax.plot(*zip(*points), marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_ylabel("validation loss (nats per token)")
+    ax.set_title("loss beyond the training length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    path = out / "eval_lengths.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def collect(paths: list[str], wandb_api: Any = None) -> list[Run]:
@@ -278,6 +336,11 @@ def compare(paths: list[str], out: str, make_html: bool = False, wandb_api: Any 
         md += "\n" + markdown(*seeds)
         tables.append(("seeds", *seeds))
         write_csv(out_dir / "seeds.csv", *seeds)
+    evaluations = eval_rows(runs)
+    if evaluations is not None:
+        md += "\n" + markdown(*evaluations)
+        tables.append(("evaluation", *evaluations))
+        write_csv(out_dir / "eval.csv", *evaluations)
     recall_table = recall.table(runs)
     if recall_table is not None:
         md += "\n" + markdown(*recall_table)
@@ -289,7 +352,7 @@ def compare(paths: list[str], out: str, make_html: bool = False, wandb_api: Any 
     maxvio = plot_maxvio(runs, out_dir)
     if maxvio is not None:
         images.append(maxvio)
-    images += [p for p in (recall.plot(runs, out_dir, "width"), recall.plot(runs, out_dir, "state")) if p is not None]
+    images += [p for p in (recall.plot(runs, out_dir, "width"), recall.plot(runs, out_dir, "state"), plot_lengths(runs, out_dir)) if p is not None]
     images += plot_depth(runs, out_dir)
     result = {"runs": len(runs), "table": str(out_dir / "table.md"), "images": [str(p) for p in images]}
     if make_html:

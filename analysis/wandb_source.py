@@ -60,6 +60,7 @@ def summary_of(run: Any) -> dict[str, Any]:
     for key in WANDB_SUMMARY_FIELDS:
         if key in summary:
             out[key] = summary[key]
+    out["eval"] = {k[len("eval/"):]: v for k, v in summary.items() if k.startswith("eval/") and isinstance(v, (int, float))}
     if "steps" not in out and "trainer/global_step" in summary:
         out["steps"] = summary["trainer/global_step"]
     return out

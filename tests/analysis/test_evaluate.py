@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from analysis.compare import compare
 from analysis.evaluate import main, position_buckets
 from tests.helpers import run_train
 from tests.training.test_train import only_run_dir
@@ -19,12 +23,13 @@ RUN = ["model=tiny", "mixer=gqa", "data=corpus", "data.seq_len=32", "data.batch_
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("evaluate")
-    result = run_train(*RUN, f"output_root={root}", "logger=csv")
+    result = run_train(*RUN, f"output_root={root}", "logger=wandb", env={"WANDB_MODE": "offline"})
     assert result.returncode == 0, result.stderr[-3000:]
     return only_run_dir(root)
 
 
-def test_lengths_reproduce_the_validation_loss_and_split_it_by_position(trained, capsys):
+def test_lengths_reproduce_the_validation_loss_and_split_it_by_position(trained, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
     assert main([str(trained), "--lengths", "1x,4x,2x", "--tokens", "512"]) == 0
     record = json.loads((trained / "eval" / "lengths.json").read_text())
     assert (trained / "eval" / "lengths.png").is_file()
@@ -40,6 +45,20 @@ def test_lengths_reproduce_the_validation_loss_and_split_it_by_position(trained,
         assert weighted == pytest.approx(r["loss"], rel=1e-6)
     assert [(b["from"], b["to"]) for b in record["results"][2]["buckets"]] == [(0, 8), (8, 16), (16, 32), (32, 64), (64, 128)]
     assert "by position" in capsys.readouterr().out
+
+    # into the run's W&B run: a new offline segment of the same id (wandb sync merges them)
+    wandb_id = json.loads((trained / "run.json").read_text())["wandb_id"]
+    segments = sorted((trained / "wandb").glob(f"offline-run-*-{wandb_id}"))
+    assert len(segments) == 2
+    cli = str(Path(sys.executable).with_name("wandb"))
+    inspected = subprocess.run([cli, "leet", "inspect", "--summary", "--json", str(segments[-1])], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(inspected.stdout)["summary"]["eval/length_128/loss"] == pytest.approx(record["results"][2]["loss"])
+
+    # and beside the training metrics in analysis.compare
+    out = compare([str(trained)], str(trained.parent / "cmp"))
+    assert any(p.endswith("eval_lengths.png") for p in out["images"])
+    header = (trained.parent / "cmp" / "eval.csv").read_text().splitlines()[0]
+    assert header.startswith("run,length_32/loss,length_32/bpb,length_64/loss")
 
 
 def test_position_buckets_double_beyond_the_training_length():
