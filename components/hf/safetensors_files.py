@@ -122,13 +122,21 @@ def write_checkpoint(tensors: dict[str, torch.Tensor], folder: str, max_shard_by
         shards[-1][key] = t.contiguous()
         size += nbytes
     meta = {"format": "pt", **(metadata or {})}
+    umask = os.umask(0)
+    os.umask(umask)
+
+    def save(shard: dict[str, torch.Tensor], name: str) -> None:
+        path = os.path.join(folder, name)
+        save_file(shard, path, metadata=meta)
+        os.chmod(path, 0o666 & ~umask)  # safetensors creates owner-only files; a model folder is for sharing
+
     if len(shards) == 1:
-        save_file(shards[0], os.path.join(folder, SINGLE), metadata=meta)
+        save(shards[0], SINGLE)
         return [SINGLE]
     names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     wmap = {}
     for name, shard in zip(names, shards):
-        save_file(shard, os.path.join(folder, name), metadata=meta)
+        save(shard, name)
         wmap.update({key: name for key in shard})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     with open(os.path.join(folder, INDEX), "w") as f:
