@@ -85,3 +85,13 @@ def test_what_cannot_be_evaluated_is_refused_by_name(trained, tmp_path, capsys, 
     monkeypatch.setattr(Mixer, "max_seq_len", lambda self: 48)  # a mixer with a bounded context
     assert main([str(trained), "--lengths", "1x,2x"]) == 2
     assert "64 tokens is beyond what layer 0's mixer (gqa) supports: at most 48" in capsys.readouterr().err
+
+
+def test_with_document_masking_the_position_is_the_one_within_the_document():
+    import torch
+
+    from analysis.evaluate import positions_in_context
+
+    x = torch.tensor([[5, 0, 3, 4, 0, 7], [1, 2, 3, 4, 5, 6]])
+    assert positions_in_context(x, eod_id=0).tolist() == [[0, 0, 1, 2, 0, 1], [0, 1, 2, 3, 4, 5]]  # eod begins a document
+    assert positions_in_context(x, eod_id=None).tolist() == [list(range(6))] * 2
