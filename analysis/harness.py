@@ -120,8 +120,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     """The harness's own command line, with ``k3`` registered."""
     from lm_eval.__main__ import cli_evaluate
 
+    from runtime.load_run import RunLoadError
+
     sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except RunLoadError as err:  # a missing run or a checkpoint that does not load: one line, not a traceback
+        print(f"analysis.harness: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

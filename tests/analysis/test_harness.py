@@ -104,6 +104,9 @@ def test_the_harness_command_line_finds_the_model_as_k3(trained, tmp_path):
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "python_idioms" in result.stdout and "acc" in result.stdout
+    missing = subprocess.run([sys.executable, "-m", "analysis.harness", "--model", "k3", "--model_args", f"run={tmp_path / 'missing'}",
+                              "--tasks", "python_idioms", "--include_path", str(TASKS)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert missing.returncode == 2 and "analysis.harness: error:" in missing.stderr and "no such run folder" in missing.stderr
 
 
 @pytest.mark.slow  # naming a task unknown means indexing all the harness's built-in tasks (about ten seconds)
