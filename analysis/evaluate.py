@@ -205,9 +205,9 @@ def evaluate_lengths(run: str, spec: str, tokens: int, batch_tokens: int, device
               + f"  [{r['windows']} windows]")
         print("        by position: " + "  ".join(f"[{b['from']},{b['to']}) {b['loss']:.3f}" for b in r["buckets"] if b.get("tokens")))
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"run": str(run), "train_length": dataset.seq_len, "mixer": root.mixer.name, "results": results}
+    record = {"run": str(run), "name": root.name, "train_length": dataset.seq_len, "mixer": root.mixer.name, "results": results}
     (out_dir / RESULTS_FILE).write_text(json.dumps(record, indent=1))
-    plot_lengths(results, out_dir / "lengths.png", f"{root.mixer.name}: loss by position at several lengths (trained at {dataset.seq_len})")
+    plot_lengths(results, out_dir / "lengths.png", f"{root.name or root.mixer.name}: loss by position at several lengths (trained at {dataset.seq_len})")
     flat = {f"eval/length_{r['length']}/{k}": r[k] for r in results for k in ("loss", "bpb", "accuracy") if k in r}
     run_dir = run_folder_of(run)
     wandb_id = log_to_wandb(run_dir, root, flat) if run_dir else None
