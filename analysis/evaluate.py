@@ -155,6 +155,9 @@ def log_to_wandb(run_dir: Path, root: Any, metrics: dict[str, float]) -> Optiona
         run.summary.update(metrics)
     finally:
         run.finish()
+        # stop this process's W&B service and drop its address from the environment: processes started
+        # from here later (a resumed training run) must not attach to it and find the run id still "in use"
+        wandb.teardown()
     return info["wandb_id"]
 
 

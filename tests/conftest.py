@@ -14,6 +14,13 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("WANDB_DISABLE_GIT", "true")
 
 
+@pytest.fixture(autouse=True)
+def _runs_start_their_own_wandb_service(monkeypatch):
+    """A test that used W&B in this process leaves its service's address in the environment; training
+    runs started as subprocesses would attach to that service and find a killed run's id still "in use"."""
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
