@@ -95,14 +95,14 @@ def _load_run(run_dir: Path, varied: Optional[dict[str, str]] = None) -> Run:
 def read_evaluations(run_dir: Path) -> dict[str, float]:
     """``analysis.evaluate``'s results in a run folder, keyed as in the run's W&B summary without the
     ``eval/`` prefix: ``length_<L>/loss``, ``length_<L>/bpb``, ``<task>/<metric>``."""
+    from analysis.evaluate import HARNESS_FILE, RESULTS_FILE, length_summary, task_summary
+
     out: dict[str, float] = {}
-    lengths, harness = run_dir / "eval" / "lengths.json", run_dir / "eval" / "harness.json"
+    lengths, harness = run_dir / "eval" / RESULTS_FILE, run_dir / "eval" / HARNESS_FILE
     if lengths.is_file():
-        for r in json.loads(lengths.read_text())["results"]:
-            out.update({f"length_{r['length']}/{k}": r[k] for k in ("loss", "bpb", "accuracy") if k in r})
+        out.update(length_summary(json.loads(lengths.read_text())["results"]))
     if harness.is_file():
-        for task, metrics in json.loads(harness.read_text())["results"].items():
-            out.update({f"{task}/{k}": v for k, v in metrics.items()})
+        out.update(task_summary(json.loads(harness.read_text())["results"]))
     return out
 
 

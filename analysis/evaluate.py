@@ -44,6 +44,17 @@ class EvaluationError(ValueError):
     """An evaluation that cannot run; the message names the run, option or length and why."""
 
 
+def length_summary(results: list[dict[str, Any]]) -> dict[str, float]:
+    """``lengths.json`` results as flat keys (``length_<L>/loss``, ``.../bpb``): the run's W&B summary
+    (under ``eval/``) and ``analysis.compare``'s evaluation table both use them."""
+    return {f"length_{r['length']}/{k}": r[k] for r in results for k in ("loss", "bpb", "accuracy") if k in r}
+
+
+def task_summary(scores: dict[str, dict[str, float]]) -> dict[str, float]:
+    """``harness.json`` results as flat keys (``<task>/<metric>``), as ``length_summary``."""
+    return {f"{task}/{k}": v for task, metrics in scores.items() for k, v in metrics.items()}
+
+
 def parse_lengths(spec: str, train_len: int) -> list[int]:
     """``"1x,2x,4x"`` (multiples of the training length) or token counts -> lengths in tokens."""
     out = []
@@ -211,7 +222,7 @@ def evaluate_lengths(run: str, spec: str, tokens: int, batch_tokens: int, device
     record = {"run": str(run), "name": root.name, "train_length": dataset.seq_len, "mixer": root.mixer.name, "results": results}
     (out_dir / RESULTS_FILE).write_text(json.dumps(record, indent=1))
     plot_lengths(results, out_dir / "lengths.png", f"{root.name or root.mixer.name}: loss by position at several lengths (trained at {dataset.seq_len})")
-    flat = {f"eval/length_{r['length']}/{k}": r[k] for r in results for k in ("loss", "bpb", "accuracy") if k in r}
+    flat = {f"eval/{k}": v for k, v in length_summary(results).items()}
     run_dir = run_folder_of(run)
     wandb_id = log_to_wandb(run_dir, root, flat) if run_dir else None
     print(f"wrote {out_dir / RESULTS_FILE}, {out_dir / 'lengths.png'}" + (f"; W&B run {wandb_id} summary" if wandb_id else ""))
@@ -259,7 +270,7 @@ def evaluate_tasks(run: str, tasks: list[str], include_path: Optional[str], limi
     for task, metrics in scores.items():
         print(f"{task}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     run_dir = run_folder_of(run)
-    flat = {f"eval/{task}/{k}": v for task, metrics in scores.items() for k, v in metrics.items()}
+    flat = {f"eval/{k}": v for k, v in task_summary(scores).items()}
     wandb_id = log_to_wandb(run_dir, lm.root, flat) if run_dir else None
     print(f"wrote {out_dir / HARNESS_FILE}" + (f"; W&B run {wandb_id} summary" if wandb_id else ""))
     return scores

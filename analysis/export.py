@@ -30,7 +30,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: float, mxfp4_experts: bool) -> int:
     from components.hf.checkpoint import export_weights
-    from components.hf.config_json import checkpoint_config, write_config
+    from components.hf.config_json import TOKENIZER_KEY, checkpoint_config, write_config
     from components.hf.key_map import PREFIXES
     from runtime.config import to_container
     from runtime.load_run import NoTokenizerError, RunLoadError, load_run, load_tokenizer
@@ -56,7 +56,8 @@ def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: flo
             tokenizer = load_tokenizer(run, root)
             if tokenizer.save(Path(staging)):
                 extra.append("tokenizer.json")
-                cfg["eos_token_id"] = tokenizer.eod_id
+            cfg["eos_token_id"] = tokenizer.eod_id
+            cfg[TOKENIZER_KEY] = tokenizer.describe()
         except NoTokenizerError as err:
             print(f"note: no tokenizer written: {err}", file=sys.stderr)
         write_config(cfg, staging)

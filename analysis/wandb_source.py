@@ -3,7 +3,7 @@
     wandb:ENTITY/PROJECT            every finished run of the project
     wandb:ENTITY/PROJECT/GROUP      the finished runs of one group (a sweep: ``sweep-<folder>``)
 
-Per run: the summary (``val/*`` final metrics and ``runtime.run.WANDB_SUMMARY_FIELDS``, written at the
+Per run: the summary (``val/*`` final metrics and ``runtime.loggers.WANDB_SUMMARY_FIELDS``, written at the
 end of every training run), the logged history (step =
 ``trainer/global_step``), and the varied options from the ``key=value`` tags every sweep job carries.
 Needs network access and W&B credentials; nothing is written except the figures and tables of compare.
@@ -55,7 +55,7 @@ def summary_of(run: Any) -> dict[str, Any]:
     """A run's W&B summary in the shape of a run folder's summary.json."""
     summary = dict(run.summary)
     out: dict[str, Any] = {"name": run.name, "val": {k[len("val/"):]: v for k, v in summary.items() if k.startswith("val/") and isinstance(v, (int, float))}}
-    from runtime.run import WANDB_SUMMARY_FIELDS
+    from runtime.loggers import WANDB_SUMMARY_FIELDS
 
     for key in WANDB_SUMMARY_FIELDS:
         if key in summary:

@@ -153,11 +153,12 @@ class Decoder(nn.Module):
         forward += sum(block.mixer.flops_per_token(seq_len) for block in [*self.layers, *self.mtp])
         return 3.0 * forward
 
-    def decode_state_numbers(self, seq_len: int) -> int:
-        """Numbers the decoding state of one ``seq_len``-token sequence holds, all layers: the growing
-        caches (K/V, MLA latents) at that length plus the fixed-size states (KDA's S and convolution
-        windows). The x-axis of Zoology's recall-vs-state-size comparison."""
-        return sum(layer.mixer.cache_numbers_per_token() * seq_len + layer.mixer.state_numbers() for layer in self.layers)
+    def decode_state_numbers(self) -> dict[str, int]:
+        """Numbers the decoding state of one sequence holds, all layers: ``per_token`` for the growing
+        caches (K/V, MLA latents) and ``fixed`` for the fixed-size states (KDA's S and convolution
+        windows); a T-token sequence holds per_token * T + fixed (Zoology's state-size axis)."""
+        return {"per_token": sum(layer.mixer.cache_numbers_per_token() for layer in self.layers),
+                "fixed": sum(layer.mixer.state_numbers() for layer in self.layers)}
 
     def compile_unfriendly(self) -> list[str]:
         """Class names of the components that declare ``compile_friendly = False``."""

@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from components.config import DecoderConfig, ModelConfig
 from components.ops.backend import interpreting
+from components.hf.checkpoint import is_checkpoint_folder
 from components.registry import FAMILIES, ConfigError, closest
 
 
@@ -247,7 +248,7 @@ def validate(cfg: DictConfig) -> RootConfig:
         check(t.precision in fsdp2_precisions, "trainer.precision", f"'{t.precision}' is not supported with trainer.strategy=fsdp2; choose one of {', '.join(fsdp2_precisions)}")
 
     branch_checkpoint(root)  # raises for a missing run folder or step
-    if root.init_from is not None and root.ckpt_path is None and is_weights_folder(root.init_from):
+    if root.init_from is not None and root.ckpt_path is None and is_checkpoint_folder(root.init_from):
         check_weights_fit(root.init_from, root)
     root.decoder_config()  # the model side's checks: shapes, slots, layer indices, every component
     for key in ("balancer", "data", "optimizer"):
@@ -258,14 +259,6 @@ def validate(cfg: DictConfig) -> RootConfig:
     if ranks:
         check(batch % ranks == 0, "data.batch_size", f"{batch} rows cannot be split evenly over the {ranks} data-parallel ranks (trainer.devices x trainer.num_nodes); use a multiple of {ranks}")
     return root
-
-
-def is_weights_folder(path: str) -> bool:
-    """Whether ``init_from`` names a folder of weights in the Hugging Face layout (``analysis.export``'s
-    output or a released checkpoint) rather than a run folder or a training checkpoint."""
-    from components.hf.checkpoint import is_checkpoint_folder
-
-    return is_checkpoint_folder(path)
 
 
 def check_weights_fit(folder: str, root: RootConfig) -> None:
@@ -296,7 +289,7 @@ def branch_checkpoint(root: RootConfig) -> Optional[str]:
         return None
     check(root.ckpt_path in (None, "last"), "init_from", f"a run either branches (init_from) or resumes a checkpoint (ckpt_path={root.ckpt_path}), not both; ckpt_path=last resumes a branch")
     path = root.init_from
-    if is_weights_folder(path):
+    if is_checkpoint_folder(path):
         check(root.init_step is None, "init_step", f"init_from={path} is a folder of exported weights; init_step applies to a run folder")
         return None  # weights only: the run starts at step 0 (runtime/run.py loads them)
     if os.path.isfile(path) or os.path.isfile(os.path.join(path, ".metadata")):

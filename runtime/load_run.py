@@ -142,21 +142,22 @@ class NoTokenizerError(RunLoadError):
 
 
 def load_tokenizer(path: str, root: RootConfig) -> TextTokenizer:
-    """The tokenizer of the run ``path`` names (``root`` is its config): an exported folder's own
-    ``tokenizer.json``, bytes for ``data=corpus``, else the run's prepared data folder's tokenizer."""
+    """The tokenizer of the run ``path`` names (``root`` is its config): the one an exported folder
+    records (its ``tokenizer.json``, or bytes), bytes for ``data=corpus``, else the run's prepared data
+    folder's tokenizer."""
+    from pathlib import Path
+
     from components.data.text.prepared import PreparedFolder, PreparedFolderError, is_prepared
-    from components.data.text.tokenizers import TOKENIZER_FILE, ByteTokenizer, HFTokenizer, TokenizerError, _read_tokenizer_json
+    from components.data.text.tokenizers import ByteTokenizer, TokenizerError, load_prepared_tokenizer
+    from components.hf.checkpoint import is_checkpoint_folder
+    from components.hf.config_json import TOKENIZER_KEY, read_config
 
-    exported = os.path.join(path, TOKENIZER_FILE)
-    if os.path.isdir(path) and os.path.isfile(exported) and os.path.isfile(os.path.join(path, "config.json")):
-        from components.hf.config_json import read_config
-
+    described = read_config(path).get(TOKENIZER_KEY) if is_checkpoint_folder(path) else None
+    if described:  # an exported folder: its own tokenizer, checked against the hash export recorded
         try:
-            raw = _read_tokenizer_json(exported)
+            return load_prepared_tokenizer(Path(path), described)
         except TokenizerError as err:
             raise NoTokenizerError(str(err)) from None
-        eod_id = read_config(path).get("eos_token_id")
-        return HFTokenizer(raw, "file", exported, raw.id_to_token(eod_id) if eod_id is not None else None)
     data = root.data
     if data.name == "corpus":
         return ByteTokenizer()  # bytes plus the file separator 256, as the byte corpus

@@ -8,6 +8,9 @@ from typing import Any
 
 from components.ffn.dense import GLUActivationConfig
 
+# the summary.json fields a finished run also writes into its W&B summary (analysis/wandb_source.py reads them)
+WANDB_SUMMARY_FIELDS = ("steps", "train_tokens", "tokens_per_s", "params", "active_params", "d_model", "decode_state_numbers")
+
 
 def component_tags(root: Any) -> list[str]:
     """``mixer:gqa``, ``ffn:dense``, ``act:situ_glu``, ``residual:plain``, ... for every distinct choice."""

@@ -28,10 +28,6 @@ from runtime import handoff
 from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
 
 
-# the summary.json fields a finished run also writes into its W&B summary (analysis/wandb_source.py reads them)
-WANDB_SUMMARY_FIELDS = ("steps", "train_tokens", "tokens_per_s", "params", "active_params", "d_model", "decode_state_numbers")
-
-
 def _read_json(path: str) -> dict:
     try:
         with open(path) as f:
@@ -236,14 +232,14 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
             "params": model.num_params(),
             "active_params": model.active_params(),
             "d_model": root.model.d_model,
-            # decoding state of one sequence = growing * tokens + fixed (analysis.compare's state-size axis)
-            "decode_state_numbers": {"per_token": model.decode_state_numbers(1) - model.decode_state_numbers(0),
-                                     "fixed": model.decode_state_numbers(0)},
+            "decode_state_numbers": model.decode_state_numbers(),  # analysis.compare's state-size axis
             "val": dict(module.last_val_metrics),
             "baselines": dataset.baselines(),
         }
         if wandb_logger is not None and trainer.is_global_zero and not wandb_logger.broken:
             # what analysis.compare reads from an online project besides the logged history
+            from runtime.loggers import WANDB_SUMMARY_FIELDS
+
             counts = {k: summary[k] for k in WANDB_SUMMARY_FIELDS}
             wandb_logger.guarded("summary", wandb_logger.experiment.summary.update, counts)
     finally:

@@ -20,6 +20,9 @@ RELEASED_MIXERS = {"kda", "mla"}
 RELEASED_FFNS = {"dense", "moe", "latent_moe", "stable_latent_moe"}
 RELEASED_RESIDUALS = {"plain", "block_attnres", "full_attnres"}
 SANDBOX_KEY = "k3_sandbox"
+# the run's tokenizer as a prepared folder's meta.json describes it (kind, spec, hash, special ids), so
+# the folder's tokenizer.json loads through the same checked loader as a prepared data folder's
+TOKENIZER_KEY = "k3_sandbox_tokenizer"
 
 
 def _names(model: Decoder) -> tuple[list[str], list[str]]:
