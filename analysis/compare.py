@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from analysis import recall
+from analysis.plotting import pyplot
 from runtime.sweep_job import INDEX_FILE, read_index
 from runtime.jsonl_logger import read_metrics
 
@@ -131,7 +132,7 @@ def plot_lengths(runs: list[Run], out: Path) -> Optional[Path]:
             series.append((r.label, points))
     if not series:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
     for label, points in series:
         ax.plot(*zip(*points), marker="o", label=label)
@@ -239,17 +240,8 @@ def write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
 
 
 # -- plots -------------------------------------------------------------------------------------------------
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_loss(runs: list[Run], out: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), constrained_layout=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, r in enumerate(runs):
@@ -275,7 +267,7 @@ def plot_maxvio(runs: list[Run], out: Path) -> Optional[Path]:
     with_moe = [r for r in runs if any(k.startswith("balance/maxvio/layer_") for row in r.metrics for k in row)]
     if not with_moe:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), constrained_layout=True)
     styles = ["-", "--", ":", "-."]  # one line style per run, one colour per layer
     for i, r in enumerate(with_moe):

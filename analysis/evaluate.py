@@ -173,9 +173,9 @@ def log_to_wandb(run_dir: Path, root: Any, metrics: dict[str, float]) -> Optiona
 
 
 def plot_lengths(results: list[dict[str, Any]], path: Path, title: str) -> None:
-    from analysis.compare import _pyplot
+    from analysis.plotting import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
     for r in results:
         mids = [(b["from"] + b["to"]) / 2 for b in r["buckets"] if b.get("tokens")]

@@ -74,12 +74,12 @@ def _panels(plt: Any, n: int) -> tuple[Any, list[Any]]:
 
 def plot(runs: list[Any], out: Path, x_of: str) -> Optional[Path]:
     """``x_of``: "width" (recall_width.png) or "state" (recall_state.png)."""
-    from analysis.compare import _pyplot
+    from analysis.plotting import pyplot
 
     segs = segments(runs)
     if not segs:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = _panels(plt, len(segs))
     lines = sorted({_line(r) for r in runs})
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
