@@ -5,6 +5,9 @@ Runs trained on ``data=mqar`` with ``test_segments`` report ``val/accuracy/T<len
 
 * ``recall.md`` / ``recall.csv``: per run its line (the mixer point), width, decoding state size and the
   final accuracy of every segment;
+* runs that differ only in a tuned setting (``optimizer.lr``) are one point at their best, as Zoology
+  reports each architecture and width at its best learning rate: the run with the highest mean accuracy
+  over the segments stands for the point, and the table names the value that won;
 * ``recall_width.png``: accuracy against model width, one panel per segment, one line per mixer;
 * ``recall_state.png``: accuracy against the decoding state one sequence of the segment's length holds
   (growing K/V or latent caches at that length plus fixed recurrent states, summed over layers), one
@@ -19,6 +22,7 @@ from typing import Any, Optional
 
 SEGMENT = re.compile(r"^accuracy/T(\d+)_P(\d+)$")
 WIDTH_KEY = "model.d_model"
+TUNED_KEYS = ("optimizer.lr",)  # searched over, not compared: a point is shown at its best value
 
 
 def segments(runs: list[Any]) -> list[tuple[int, int]]:
@@ -29,7 +33,7 @@ def segments(runs: list[Any]) -> list[tuple[int, int]]:
 
 def _line(run: Any) -> str:
     """What a line of the plots stands for: the run's options other than its width (its mixer point)."""
-    rest = {k: v for k, v in run.varied.items() if k not in (WIDTH_KEY, "seed")}
+    rest = {k: v for k, v in run.varied.items() if k not in (WIDTH_KEY, "seed", *TUNED_KEYS)}
     return ", ".join(f"{v}" if k == "point" else f"{k}={v}" for k, v in rest.items()) or run.label
 
 
@@ -50,15 +54,37 @@ def accuracy(run: Any, seg: tuple[int, int]) -> Optional[float]:
     return float(value) if value is not None else None
 
 
+def _mean_accuracy(run: Any, segs: list[tuple[int, int]]) -> float:
+    values = [a for s in segs if (a := accuracy(run, s)) is not None]
+    return sum(values) / len(values) if values else -1.0
+
+
+def best_runs(runs: list[Any]) -> list[Any]:
+    """The runs that report recall, one per (line, width, seed): where runs differ only in a tuned setting,
+    the one with the highest mean accuracy over the test segments."""
+    segs = segments(runs)
+    best: dict[tuple[str, Optional[int], Any], Any] = {}
+    for r in runs:
+        if not any(accuracy(r, s) is not None for s in segs):
+            continue
+        key = (_line(r), width(r), r.varied.get("seed"))
+        if key not in best or _mean_accuracy(r, segs) > _mean_accuracy(best[key], segs):
+            best[key] = r
+    return sorted(best.values(), key=lambda r: (_line(r), width(r) or 0, str(r.varied.get("seed", ""))))
+
+
 def table(runs: list[Any]) -> Optional[tuple[list[str], list[list[Any]]]]:
     segs = segments(runs)
     if not segs:
         return None
-    header = ["mixer", "d_model", "state numbers per token", "fixed state numbers", *[f"T{t} P{p}" for t, p in segs]]
+    tuned = [k for k in TUNED_KEYS if any(k in r.varied for r in runs)]
+    header = ["mixer", "d_model", *[f"best {k}" for k in tuned], "state numbers per token", "fixed state numbers",
+              *[f"T{t} P{p}" for t, p in segs]]
     rows = []
-    for r in sorted((r for r in runs if any(accuracy(r, s) is not None for s in segs)), key=lambda r: (_line(r), width(r) or 0)):
+    for r in best_runs(runs):
         state = r.summary.get("decode_state_numbers") or {}
-        rows.append([_line(r), width(r), state.get("per_token"), state.get("fixed"), *[accuracy(r, s) for s in segs]])
+        rows.append([_line(r), width(r), *[r.varied.get(k) for k in tuned], state.get("per_token"), state.get("fixed"),
+                     *[accuracy(r, s) for s in segs]])
     return header, rows
 
 
@@ -79,6 +105,7 @@ def plot(runs: list[Any], out: Path, x_of: str) -> Optional[Path]:
     segs = segments(runs)
     if not segs:
         return None
+    runs = best_runs(runs)
     plt = pyplot()
     fig, axes = _panels(plt, len(segs))
     lines = sorted({_line(r) for r in runs})

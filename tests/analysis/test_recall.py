@@ -52,3 +52,24 @@ def test_recall_state_axis_is_the_state_at_each_segment_length():
     assert state_numbers(R(), 128) == 256 * 128 + 10
     R.summary = {}
     assert state_numbers(R(), 128) is None
+
+
+def test_a_point_swept_over_learning_rates_is_shown_at_its_best(tmp_path):
+    """Zoology reports each (mixer, width) at its best learning rate: runs that differ only in
+    optimizer.lr become one row and one plotted point, the run with the highest mean segment accuracy."""
+    from analysis.compare import Run
+    from analysis.recall import best_runs, plot, table
+
+    def run(point, d, lr, short, long):
+        summary = {"d_model": d, "decode_state_numbers": {"per_token": 8 * d, "fixed": 0},
+                   "val": {"accuracy/T64_P4": short, "accuracy/T128_P16": long}}
+        return Run(tmp_path, f"{point} {d} {lr}", {"point": point, "model.d_model": str(d), "optimizer.lr": lr}, summary, [])
+
+    runs = [run("mha", 64, "0.001", 0.9, 0.1), run("mha", 64, "0.003", 0.2, 0.95), run("mha", 128, "0.001", 1.0, 0.9),
+            run("mha", 128, "0.003", 0.3, 0.3), run("kda", 64, "0.003", 0.99, 0.8)]
+    header, rows = table(runs)
+    assert header[:3] == ["mixer", "d_model", "best optimizer.lr"] and header[-2:] == ["T64 P4", "T128 P16"]
+    assert [r[:3] + r[-2:] for r in rows] == [["kda", 64, "0.003", 0.99, 0.8], ["mha", 64, "0.003", 0.2, 0.95],
+                                              ["mha", 128, "0.001", 1.0, 0.9]]
+    assert len(best_runs(runs)) == 3
+    assert plot(runs, tmp_path, "width").name == "recall_width.png"
