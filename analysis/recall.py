@@ -54,23 +54,24 @@ def accuracy(run: Any, seg: tuple[int, int]) -> Optional[float]:
     return float(value) if value is not None else None
 
 
-def _mean_accuracy(run: Any, segs: list[tuple[int, int]]) -> float:
+def _mean_accuracy(run: Any, segs: list[tuple[int, int]]) -> Optional[float]:
     values = [a for s in segs if (a := accuracy(run, s)) is not None]
-    return sum(values) / len(values) if values else -1.0
+    return sum(values) / len(values) if values else None
 
 
 def best_runs(runs: list[Any]) -> list[Any]:
     """The runs that report recall, one per (line, width, seed): where runs differ only in a tuned setting,
     the one with the highest mean accuracy over the test segments."""
     segs = segments(runs)
-    best: dict[tuple[str, Optional[int], Any], Any] = {}
+    best: dict[tuple[str, Optional[int], Any], tuple[float, Any]] = {}
     for r in runs:
-        if not any(accuracy(r, s) is not None for s in segs):
+        score = _mean_accuracy(r, segs)
+        if score is None:
             continue
         key = (_line(r), width(r), r.varied.get("seed"))
-        if key not in best or _mean_accuracy(r, segs) > _mean_accuracy(best[key], segs):
-            best[key] = r
-    return sorted(best.values(), key=lambda r: (_line(r), width(r) or 0, str(r.varied.get("seed", ""))))
+        if key not in best or score > best[key][0]:
+            best[key] = (score, r)
+    return sorted((r for _, r in best.values()), key=lambda r: (_line(r), width(r) or 0, str(r.varied.get("seed", ""))))
 
 
 def table(runs: list[Any]) -> Optional[tuple[list[str], list[list[Any]]]]:
