@@ -30,17 +30,58 @@ def parser() -> argparse.ArgumentParser:
         epilog="Reruns with the same inputs and options reuse the folder; other inputs need a new --out or --overwrite.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="text files, folders, glob patterns ('**' recurses; quote them), .jsonl or .parquet files, stdlib:code, stdlib:docs")
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="text files, folders, glob patterns ('**' recurses; quote them), .jsonl or .parquet files, stdlib:code, stdlib:docs",
+    )
     p.add_argument("--out", required=True, help="the folder to write (created; refused if it holds something else)")
-    p.add_argument("--tokenizer", default="bytes", help="bytes (UTF-8 bytes + end-of-document, 257 ids), bpe:N (byte-level BPE with N ids, trained on the training split), or the path of a tokenizer.json (default: bytes)")
-    p.add_argument("--val-fraction", type=float, default=0.02, help="share of documents held out for validation, chosen by a hash of each document's identity (default: 0.02)")
-    p.add_argument("--format", choices=FORMATS, default="auto", help="how to read the input files (default: auto, by extension: .jsonl/.ndjson, .parquet, else text)")
-    p.add_argument("--text-field", default="text", help="JSONL field or Parquet column that holds the text (default: text)")
-    p.add_argument("--id-field", default=None, help="JSONL field or Parquet column naming each document for the split (default: file and line)")
-    p.add_argument("--binary", choices=BINARY_POLICIES, default="skip", help="binary files among text inputs: skip them (counted in meta.json) or refuse (default: skip)")
-    p.add_argument("--eod-token", default=None, help="the end-of-document token of a tokenizer.json (default: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos>, <|eos|>, [SEP] that it has)")
-    p.add_argument("--dtype", choices=("auto", "uint16", "uint32"), default="auto", help="token file dtype (default: auto, uint16 up to 65,536 ids)")
-    p.add_argument("--overwrite", action="store_true", help="replace an output folder prepared from other inputs or options")
+    p.add_argument(
+        "--tokenizer",
+        default="bytes",
+        help="bytes (UTF-8 bytes + end-of-document, 257 ids), bpe:N (byte-level BPE with N ids, trained on the training split), or the path of a tokenizer.json (default: bytes)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.02,
+        help="share of documents held out for validation, chosen by a hash of each document's identity (default: 0.02)",
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="auto",
+        help="how to read the input files (default: auto, by extension: .jsonl/.ndjson, .parquet, else text)",
+    )
+    p.add_argument(
+        "--text-field", default="text", help="JSONL field or Parquet column that holds the text (default: text)"
+    )
+    p.add_argument(
+        "--id-field",
+        default=None,
+        help="JSONL field or Parquet column naming each document for the split (default: file and line)",
+    )
+    p.add_argument(
+        "--binary",
+        choices=BINARY_POLICIES,
+        default="skip",
+        help="binary files among text inputs: skip them (counted in meta.json) or refuse (default: skip)",
+    )
+    p.add_argument(
+        "--eod-token",
+        default=None,
+        help="the end-of-document token of a tokenizer.json (default: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos>, <|eos|>, [SEP] that it has)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "uint16", "uint32"),
+        default="auto",
+        help="token file dtype (default: auto, uint16 up to 65,536 ids)",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an output folder prepared from other inputs or options"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -68,11 +109,17 @@ def main(argv: list[str] | None = None) -> int:
         mb = sum(s["bytes"] for s in m["splits"].values()) / 1e6
         print(f"prepared {result.folder} in {result.seconds:.1f} s ({mb / max(result.seconds, 1e-9):.2f} MB/s of text)")
     for split, s in m["splits"].items():
-        print(f"  {split}: {s['documents']:,} documents, {s['tokens']:,} tokens, {s['bytes']:,} UTF-8 bytes ({bytes_per_token(s):.2f} bytes per token)")
+        print(
+            f"  {split}: {s['documents']:,} documents, {s['tokens']:,} tokens, {s['bytes']:,} UTF-8 bytes ({bytes_per_token(s):.2f} bytes per token)"
+        )
     r = m["read"]
     if r.get("binary_files_skipped") or r.get("replaced_characters") or r.get("empty_documents"):
-        print(f"  skipped {r['binary_files_skipped']} binary file(s), {r['empty_documents']} empty document(s); replaced {r['replaced_characters']} undecodable byte sequence(s) with U+FFFD")
-    print(f"  tokenizer {m['tokenizer']['spec']} (hash {m['tokenizer']['hash']}, {m['vocab_size']:,} ids, {m['dtype']})")
+        print(
+            f"  skipped {r['binary_files_skipped']} binary file(s), {r['empty_documents']} empty document(s); replaced {r['replaced_characters']} undecodable byte sequence(s) with U+FFFD"
+        )
+    print(
+        f"  tokenizer {m['tokenizer']['spec']} (hash {m['tokenizer']['hash']}, {m['vocab_size']:,} ids, {m['dtype']})"
+    )
     return 0
 
 

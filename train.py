@@ -26,12 +26,12 @@ def task(cfg: DictConfig) -> float | None:
     warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
     warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")  # resuming
 
-    from runtime.config import validate
     from components.registry import ConfigError
     from runtime import handoff
-    from runtime.sweep_job import current_job
+    from runtime.config import validate
     from runtime.lit_module import NonFiniteTrainingError
     from runtime.run import train
+    from runtime.sweep_job import current_job
 
     try:
         root = validate(cfg)

@@ -39,8 +39,8 @@ from typing import Any, Optional
 
 from analysis import recall
 from analysis.plotting import pyplot
-from runtime.sweep_job import INDEX_FILE, read_index
 from runtime.jsonl_logger import read_metrics
+from runtime.sweep_job import INDEX_FILE, read_index
 
 
 @dataclass
@@ -115,7 +115,9 @@ def eval_rows(runs: list[Run]) -> Optional[tuple[list[str], list[list[Any]]]]:
 
     def order(key: str) -> tuple:
         head = key.partition("/")[0]
-        return (0, int(head[len("length_"):]), "") if head.startswith("length_") and head[7:].isdigit() else (1, 0, head)
+        return (
+            (0, int(head[len("length_") :]), "") if head.startswith("length_") and head[7:].isdigit() else (1, 0, head)
+        )
 
     keys.sort(key=order)  # stable: each length's or task's metrics stay in the order they were written
     rows = [[r.label, *[r.summary.get("eval", {}).get(k) for k in keys]] for r in runs if r.summary.get("eval")]
@@ -126,8 +128,11 @@ def plot_lengths(runs: list[Run], out: Path) -> Optional[Path]:
     """Loss at each evaluated length, one line per run (``analysis.evaluate --lengths``)."""
     series = []
     for r in runs:
-        points = sorted((int(k.split("/")[0][len("length_"):]), v) for k, v in r.summary.get("eval", {}).items()
-                        if k.startswith("length_") and k.endswith("/loss"))
+        points = sorted(
+            (int(k.split("/")[0][len("length_") :]), v)
+            for k, v in r.summary.get("eval", {}).items()
+            if k.startswith("length_") and k.endswith("/loss")
+        )
         if points:
             series.append((r.label, points))
     if not series:
@@ -170,7 +175,9 @@ def collect(paths: list[str], wandb_api: Any = None) -> list[Run]:
         elif (p / "summary.json").exists():
             runs.append(_load_run(p))
         else:
-            raise FileNotFoundError(f"{p}: not a sweep folder ({INDEX_FILE}), a run folder (summary.json) or a W&B offline run")
+            raise FileNotFoundError(
+                f"{p}: not a sweep folder ({INDEX_FILE}), a run folder (summary.json) or a W&B offline run"
+            )
     if not runs:
         raise FileNotFoundError("no finished runs found in " + ", ".join(paths))
     return runs
@@ -185,14 +192,36 @@ def table_rows(runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
     varied_keys = list(dict.fromkeys(k for r in runs for k in r.varied))
     metric = runs[0].metric
     higher = metric == "accuracy"
-    header = ["run", *varied_keys, "steps", "val loss (final)", "val loss (best)", f"val {metric} (final)", f"val {metric} (best)",
-              "tokens/s", "params", "active params"]
+    header = [
+        "run",
+        *varied_keys,
+        "steps",
+        "val loss (final)",
+        "val loss (best)",
+        f"val {metric} (final)",
+        f"val {metric} (best)",
+        "tokens/s",
+        "params",
+        "active params",
+    ]
     rows = []
     for r in runs:
         loss_final, loss_best = r.final_and_best("loss")
         m_final, m_best = r.final_and_best(metric, higher_is_better=higher)
-        rows.append([r.summary.get("name") or (r.run_dir.name if r.run_dir else ""), *[r.varied.get(k, "") for k in varied_keys], r.summary.get("steps"),
-                     loss_final, loss_best, m_final, m_best, _round(r.tokens_per_s()), r.summary.get("params"), r.summary.get("active_params")])
+        rows.append(
+            [
+                r.summary.get("name") or (r.run_dir.name if r.run_dir else ""),
+                *[r.varied.get(k, "") for k in varied_keys],
+                r.summary.get("steps"),
+                loss_final,
+                loss_best,
+                m_final,
+                m_best,
+                _round(r.tokens_per_s()),
+                r.summary.get("params"),
+                r.summary.get("active_params"),
+            ]
+        )
     return header, rows
 
 
@@ -271,12 +300,21 @@ def plot_maxvio(runs: list[Run], out: Path) -> Optional[Path]:
     fig, ax = plt.subplots(figsize=(8, 5), constrained_layout=True)
     styles = ["-", "--", ":", "-."]  # one line style per run, one colour per layer
     for i, r in enumerate(with_moe):
-        layers = sorted({k for row in r.metrics for k in row if k.startswith("balance/maxvio/layer_")}, key=lambda k: int(k.rsplit("_", 1)[-1]))
+        layers = sorted(
+            {k for row in r.metrics for k in row if k.startswith("balance/maxvio/layer_")},
+            key=lambda k: int(k.rsplit("_", 1)[-1]),
+        )
         cmap = plt.get_cmap("viridis", max(len(layers), 2))
         for j, key in enumerate(layers):
             steps, values = r.series(key)
-            ax.plot(steps, values, color=cmap(j), ls=styles[i % len(styles)], lw=1.0,
-                    label=f"{r.label} {key.rsplit('/', 1)[-1]}")
+            ax.plot(
+                steps,
+                values,
+                color=cmap(j),
+                ls=styles[i % len(styles)],
+                lw=1.0,
+                label=f"{r.label} {key.rsplit('/', 1)[-1]}",
+            )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("MaxVio (busiest expert's overload)")
     ax.set_title("MaxVio per MoE layer")
@@ -296,7 +334,9 @@ def plot_depth(runs: list[Run], out: Path) -> list[Path]:
         if r.run_dir is not None and (r.run_dir / "depth_weights.json").exists():
             history = load(str(r.run_dir))
             if history:
-                slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in r.label.replace(", ", "_").replace("=", "-"))[:80]
+                slug = "".join(
+                    c if c.isalnum() or c in "._-" else "_" for c in r.label.replace(", ", "_").replace("=", "-")
+                )[:80]
                 path = out / f"depth_{i}_{slug}.png"  # index first: labels of different runs may coincide
                 plot(history[-1], str(path), title=f"depth weights: {r.label}, step {history[-1]['step']}")
                 paths.append(path)
@@ -304,10 +344,16 @@ def plot_depth(runs: list[Run], out: Path) -> list[Path]:
 
 
 def write_html(out: Path, tables: list[tuple[str, list[str], list[list[Any]]]], images: list[Path]) -> Path:
-    parts = ["<!doctype html><meta charset='utf-8'><title>run comparison</title>",
-             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>"]
+    parts = [
+        "<!doctype html><meta charset='utf-8'><title>run comparison</title>",
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>",
+    ]
     for title, header, rows in tables:
-        parts.append(f"<h2>{html.escape(title)}</h2><table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>")
+        parts.append(
+            f"<h2>{html.escape(title)}</h2><table><tr>"
+            + "".join(f"<th>{html.escape(h)}</th>" for h in header)
+            + "</tr>"
+        )
         parts += ["<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in rows]
         parts.append("</table>")
     parts += [f"<h2>{html.escape(p.stem)}</h2><img src='{html.escape(p.name)}'>" for p in images]
@@ -344,7 +390,11 @@ def compare(paths: list[str], out: str, make_html: bool = False, wandb_api: Any 
     maxvio = plot_maxvio(runs, out_dir)
     if maxvio is not None:
         images.append(maxvio)
-    images += [p for p in (recall.plot(runs, out_dir, "width"), recall.plot(runs, out_dir, "state"), plot_lengths(runs, out_dir)) if p is not None]
+    images += [
+        p
+        for p in (recall.plot(runs, out_dir, "width"), recall.plot(runs, out_dir, "state"), plot_lengths(runs, out_dir))
+        if p is not None
+    ]
     images += plot_depth(runs, out_dir)
     result = {"runs": len(runs), "table": str(out_dir / "table.md"), "images": [str(p) for p in images]}
     if make_html:
@@ -355,7 +405,11 @@ def compare(paths: list[str], out: str, make_html: bool = False, wandb_api: Any 
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", help="sweep folders, run folders, W&B offline run directories, or wandb:ENTITY/PROJECT[/GROUP]")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        help="sweep folders, run folders, W&B offline run directories, or wandb:ENTITY/PROJECT[/GROUP]",
+    )
     p.add_argument("--out", default="outputs/compare", help="output folder (default: outputs/compare)")
     p.add_argument("--html", action="store_true", help="also write index.html with the tables and figures")
     args = p.parse_args(argv)

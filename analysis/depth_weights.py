@@ -58,20 +58,41 @@ def plot(entry: dict[str, Any], out: str, title: Optional[str] = None) -> str:
     fig_h = min(2.5 + 0.28 * n_rows, 40.0)
     fig, ax = plt.subplots(figsize=(fig_w, fig_h), constrained_layout=True)
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#f0f0f0")  # grey: absent sources
-    im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0.0, vmax=max(float(np.nanmax(values)), 1e-9), aspect="auto", interpolation="nearest")
+    im = ax.imshow(
+        np.ma.masked_invalid(values),
+        cmap=cmap,
+        vmin=0.0,
+        vmax=max(float(np.nanmax(values)), 1e-9),
+        aspect="auto",
+        interpolation="nearest",
+    )
     fig.colorbar(im, ax=ax, label="mean softmax weight", shrink=min(1.0, 10.0 / fig_h))
 
     # label every row/column while they stay readable, else every k-th
     row_step = max(1, math.ceil(n_rows / 60))
     col_step = max(1, math.ceil(n_cols / 40))
     ax.set_yticks(range(0, n_rows, row_step), [row_labels[i] for i in range(0, n_rows, row_step)], fontsize=8)
-    ax.set_xticks(range(0, n_cols, col_step), [src_labels[i] for i in range(0, n_cols, col_step)], rotation=45, ha="right", fontsize=8)
+    ax.set_xticks(
+        range(0, n_cols, col_step),
+        [src_labels[i] for i in range(0, n_cols, col_step)],
+        rotation=45,
+        ha="right",
+        fontsize=8,
+    )
     if n_rows * n_cols <= 400:
         for i in range(n_rows):
             for j in range(n_cols):
                 v = values[i, j]
                 if not math.isnan(v):
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 * np.nanmax(values) else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{v:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if v < 0.6 * np.nanmax(values) else "black",
+                    )
     ax.set_xlabel("source")
     ax.set_ylabel("read (sublayer input)")
     ax.set_title(title or f"AttnRes depth weights, step {entry['step']}")

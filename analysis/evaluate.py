@@ -62,7 +62,9 @@ def parse_lengths(spec: str, train_len: int) -> list[int]:
         try:
             length = round(float(part[:-1]) * train_len) if part.endswith("x") else int(part)
         except ValueError:
-            raise EvaluationError(f"--lengths: '{part}' is neither a multiple of the training length (e.g. 2x) nor a number of tokens") from None
+            raise EvaluationError(
+                f"--lengths: '{part}' is neither a multiple of the training length (e.g. 2x) nor a number of tokens"
+            ) from None
         if length < 2:
             raise EvaluationError(f"--lengths: '{part}' gives {length} tokens; a length needs at least 2")
         out.append(length)
@@ -84,7 +86,9 @@ def check_mixers(model: Any, length: int) -> None:
     for i, layer in enumerate(model.layers):
         limit = layer.mixer.max_seq_len()
         if limit is not None and length > limit:
-            raise EvaluationError(f"--lengths: {length} tokens is beyond what layer {i}'s mixer ({layer.spec.mixer.name}) supports: at most {limit}")
+            raise EvaluationError(
+                f"--lengths: {length} tokens is beyond what layer {i}'s mixer ({layer.spec.mixer.name}) supports: at most {limit}"
+            )
 
 
 def positions_in_context(x: torch.Tensor, eod_id: Optional[int]) -> torch.Tensor:
@@ -100,7 +104,9 @@ def positions_in_context(x: torch.Tensor, eod_id: Optional[int]) -> torch.Tensor
 
 
 @torch.no_grad()
-def evaluate_length(model: Any, dataset: Any, length: int, tokens: int, batch_tokens: int, device: str) -> dict[str, Any]:
+def evaluate_length(
+    model: Any, dataset: Any, length: int, tokens: int, batch_tokens: int, device: str
+) -> dict[str, Any]:
     """Loss (and the dataset's metric, e.g. bpb) at ``length`` over consecutive validation windows, overall
     and per position bucket."""
     val = dataset.val
@@ -111,7 +117,9 @@ def evaluate_length(model: Any, dataset: Any, length: int, tokens: int, batch_to
     rows = max(1, batch_tokens // length)
     for first in range(0, windows, rows):
         starts = range(first * length, min(first + rows, windows) * length, length)
-        chunk = torch.stack([torch.from_numpy(val[s : s + length + 1].astype("int64")) for s in starts]).to(device)  # [B, L+1]
+        chunk = torch.stack([torch.from_numpy(val[s : s + length + 1].astype("int64")) for s in starts]).to(
+            device
+        )  # [B, L+1]
         x, y = chunk[:, :-1], chunk[:, 1:]
         segments = None
         if masking is not None:
@@ -119,7 +127,9 @@ def evaluate_length(model: Any, dataset: Any, length: int, tokens: int, batch_to
 
             segments = Segments.from_eod(x, masking)
         logits = model(x, segments=segments).float()  # [B, L, V]
-        token_loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none", ignore_index=IGNORE_INDEX).view_as(y)
+        token_loss = F.cross_entropy(
+            logits.flatten(0, 1), y.flatten(), reduction="none", ignore_index=IGNORE_INDEX
+        ).view_as(y)
         position = positions_in_context(x, masking)
         for i, (a, b) in enumerate([*buckets, (0, length)]):
             scored = torch.where((position >= a) & (position < b), y, torch.full_like(y, IGNORE_INDEX))
@@ -132,8 +142,15 @@ def evaluate_length(model: Any, dataset: Any, length: int, tokens: int, batch_to
         "windows": windows,
         "tokens": windows * length,
         **{k: float(v) for k, v in finished[-1].items()},
-        "buckets": [{"from": a, "to": b, "tokens": int(sums[i].get("tokens", 0)), **{k: float(v) for k, v in finished[i].items()}}
-                    for i, (a, b) in enumerate(buckets)],
+        "buckets": [
+            {
+                "from": a,
+                "to": b,
+                "tokens": int(sums[i].get("tokens", 0)),
+                **{k: float(v) for k, v in finished[i].items()},
+            }
+            for i, (a, b) in enumerate(buckets)
+        ],
     }
 
 
@@ -160,8 +177,15 @@ def log_to_wandb(run_dir: Path, root: Any, metrics: dict[str, float]) -> Optiona
         return None
     import wandb
 
-    run = wandb.init(id=info["wandb_id"], resume="allow", project=root.logger.project, entity=root.logger.entity,
-                     dir=str(run_dir), mode=mode, settings=_wandb_settings(root.logger.init_timeout_s))
+    run = wandb.init(
+        id=info["wandb_id"],
+        resume="allow",
+        project=root.logger.project,
+        entity=root.logger.entity,
+        dir=str(run_dir),
+        mode=mode,
+        settings=_wandb_settings(root.logger.init_timeout_s),
+    )
     try:
         run.summary.update(metrics)
     finally:
@@ -192,7 +216,9 @@ def plot_lengths(results: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def evaluate_lengths(run: str, spec: str, tokens: int, batch_tokens: int, device: str, out: Optional[str]) -> dict[str, Any]:
+def evaluate_lengths(
+    run: str, spec: str, tokens: int, batch_tokens: int, device: str, out: Optional[str]
+) -> dict[str, Any]:
     from components.registry import DATASETS
     from runtime.load_run import load_run
 
@@ -203,29 +229,52 @@ def evaluate_lengths(run: str, spec: str, tokens: int, batch_tokens: int, device
     except (ValueError, OSError) as err:
         raise EvaluationError(f"the run's data ({root.data.name}) does not load here: {err}") from None
     if not hasattr(dataset, "val"):
-        raise EvaluationError(f"the run's data ({root.data.name}) has no validation token stream to cut longer windows from"
-                              + (" (MQAR: list longer settings in data.test_segments instead)" if root.data.name == "mqar" else ""))
+        raise EvaluationError(
+            f"the run's data ({root.data.name}) has no validation token stream to cut longer windows from"
+            + (" (MQAR: list longer settings in data.test_segments instead)" if root.data.name == "mqar" else "")
+        )
     lengths = parse_lengths(spec, dataset.seq_len)
     for length in lengths:
         check_mixers(model, length)
         if length + 1 > len(dataset.val):
-            raise EvaluationError(f"--lengths: {length} tokens is longer than the validation split ({len(dataset.val):,} tokens)")
+            raise EvaluationError(
+                f"--lengths: {length} tokens is longer than the validation split ({len(dataset.val):,} tokens)"
+            )
     results = []
     for length in lengths:
         r = evaluate_length(model, dataset, length, tokens, batch_tokens, device)
         results.append(r)
         metric = dataset.metric if dataset.metric in r else "loss"
-        print(f"{length:>7} tokens ({r['multiple']:g}x): loss {r['loss']:.4f}" + (f", {metric} {r[metric]:.4f}" if metric != "loss" else "")
-              + f"  [{r['windows']} windows]")
-        print("        by position: " + "  ".join(f"[{b['from']},{b['to']}) {b['loss']:.3f}" for b in r["buckets"] if b.get("tokens")))
+        print(
+            f"{length:>7} tokens ({r['multiple']:g}x): loss {r['loss']:.4f}"
+            + (f", {metric} {r[metric]:.4f}" if metric != "loss" else "")
+            + f"  [{r['windows']} windows]"
+        )
+        print(
+            "        by position: "
+            + "  ".join(f"[{b['from']},{b['to']}) {b['loss']:.3f}" for b in r["buckets"] if b.get("tokens"))
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"run": str(run), "name": root.name, "train_length": dataset.seq_len, "mixer": root.mixer.name, "results": results}
+    record = {
+        "run": str(run),
+        "name": root.name,
+        "train_length": dataset.seq_len,
+        "mixer": root.mixer.name,
+        "results": results,
+    }
     (out_dir / RESULTS_FILE).write_text(json.dumps(record, indent=1))
-    plot_lengths(results, out_dir / "lengths.png", f"{root.name or root.mixer.name}: loss by position at several lengths (trained at {dataset.seq_len})")
+    plot_lengths(
+        results,
+        out_dir / "lengths.png",
+        f"{root.name or root.mixer.name}: loss by position at several lengths (trained at {dataset.seq_len})",
+    )
     flat = {f"eval/{k}": v for k, v in length_summary(results).items()}
     run_dir = run_folder_of(run)
     wandb_id = log_to_wandb(run_dir, root, flat) if run_dir else None
-    print(f"wrote {out_dir / RESULTS_FILE}, {out_dir / 'lengths.png'}" + (f"; W&B run {wandb_id} summary" if wandb_id else ""))
+    print(
+        f"wrote {out_dir / RESULTS_FILE}, {out_dir / 'lengths.png'}"
+        + (f"; W&B run {wandb_id} summary" if wandb_id else "")
+    )
     return record
 
 
@@ -238,8 +287,16 @@ def results_folder(run: str, out: Optional[str]) -> Path:
     return run_dir / "eval"
 
 
-def evaluate_tasks(run: str, tasks: list[str], include_path: Optional[str], limit: Optional[float], num_fewshot: Optional[int],
-                   device: str, out: Optional[str], batch_size: int = 8) -> dict[str, Any]:
+def evaluate_tasks(
+    run: str,
+    tasks: list[str],
+    include_path: Optional[str],
+    limit: Optional[float],
+    num_fewshot: Optional[int],
+    device: str,
+    out: Optional[str],
+    batch_size: int = 8,
+) -> dict[str, Any]:
     """The harness's tasks on the run; returns ``{task: {metric: value}}`` and writes ``eval/harness.json``."""
     try:
         import lm_eval
@@ -258,14 +315,36 @@ def evaluate_tasks(run: str, tasks: list[str], include_path: Optional[str], limi
         manager = TaskManager(include_path=include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
-        raise EvaluationError(f"--tasks: unknown task(s) {', '.join(unknown)} (harness tasks, or task YAML files in --include-path)")
+        raise EvaluationError(
+            f"--tasks: unknown task(s) {', '.join(unknown)} (harness tasks, or task YAML files in --include-path)"
+        )
     lm = K3HarnessModel(run, device=device, batch_size=batch_size)
-    result = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
-                                     log_samples=False, bootstrap_iters=0)
-    scores = {task: {k.split(",")[0]: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not k.startswith("alias")
-                     and "_stderr" not in k} for task, metrics in result["results"].items()}
+    result = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=tasks,
+        task_manager=manager,
+        limit=limit,
+        num_fewshot=num_fewshot,
+        log_samples=False,
+        bootstrap_iters=0,
+    )
+    scores = {
+        task: {
+            k.split(",")[0]: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not k.startswith("alias") and "_stderr" not in k
+        }
+        for task, metrics in result["results"].items()
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"run": str(run), "tasks": tasks, "limit": limit, "num_fewshot": num_fewshot, "max_length": lm.max_length, "results": scores}
+    record = {
+        "run": str(run),
+        "tasks": tasks,
+        "limit": limit,
+        "num_fewshot": num_fewshot,
+        "max_length": lm.max_length,
+        "results": scores,
+    }
     (out_dir / HARNESS_FILE).write_text(json.dumps(record, indent=1))
     for task, metrics in scores.items():
         print(f"{task}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
@@ -301,8 +380,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.lengths:
             evaluate_lengths(args.run, args.lengths, args.tokens, args.batch_tokens, args.device, args.out)
         if args.tasks:
-            evaluate_tasks(args.run, [t.strip() for t in args.tasks.split(",") if t.strip()], args.include_path, args.limit,
-                           args.num_fewshot, args.device, args.out)
+            evaluate_tasks(
+                args.run,
+                [t.strip() for t in args.tasks.split(",") if t.strip()],
+                args.include_path,
+                args.limit,
+                args.num_fewshot,
+                args.device,
+                args.out,
+            )
     except (EvaluationError, RunLoadError) as err:
         print(f"analysis.evaluate: error: {err}", file=sys.stderr)
         return 2

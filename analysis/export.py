@@ -46,8 +46,14 @@ def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: flo
     staging = f"{out.rstrip(os.sep)}.partial-{os.getpid()}"
     os.makedirs(staging)
     try:
-        files = export_weights(model, staging, PREFIXES[prefix], int(max_shard_gb * (1 << 30)),
-                               DTYPES[dtype] if dtype else None, mxfp4_experts)
+        files = export_weights(
+            model,
+            staging,
+            PREFIXES[prefix],
+            int(max_shard_gb * (1 << 30)),
+            DTYPES[dtype] if dtype else None,
+            mxfp4_experts,
+        )
         cfg = checkpoint_config(root, model, to_container(root))
         if dtype:
             cfg["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16"}[dtype]
@@ -87,17 +93,27 @@ def check_only(folder: str, overrides: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     n = sum(p.numel() for p in model.state_dict().values())
-    print(f"{folder}: every key, shape and dtype matches the composed model ({n:,} numbers, prefix '{prefix}'), "
-          f"checked in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"{folder}: every key, shape and dtype matches the composed model ({n:,} numbers, prefix '{prefix}'), "
+        f"checked in {time.perf_counter() - t0:.1f} s"
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check-only", metavar="FOLDER", help="check FOLDER's keys, shapes and dtypes against the model the overrides compose")
+    ap.add_argument(
+        "--check-only",
+        metavar="FOLDER",
+        help="check FOLDER's keys, shapes and dtypes against the model the overrides compose",
+    )
     ap.add_argument("args", nargs="*", help="RUN OUT (export), or overrides (--check-only)")
-    ap.add_argument("--prefix", choices=["text", "multimodal"], default="text",
-                    help="key prefix: 'model.' (text-only) or the release's 'language_model.model.'")
+    ap.add_argument(
+        "--prefix",
+        choices=["text", "multimodal"],
+        default="text",
+        help="key prefix: 'model.' (text-only) or the release's 'language_model.model.'",
+    )
     ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast floating weights (default: as trained)")
     ap.add_argument("--max-shard-gb", type=float, default=5.0, help="shard above this size (GiB)")
     ap.add_argument("--mxfp4-experts", action="store_true", help="store routed experts as MXFP4, as the release does")

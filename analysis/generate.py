@@ -34,7 +34,7 @@ class _Stream:
         text = self.tokenizer.decode(self.ids)
         if text.endswith("\ufffd"):
             return
-        sys.stdout.write(text[self.printed:])
+        sys.stdout.write(text[self.printed :])
         sys.stdout.flush()
         self.printed = len(text)
 
@@ -70,14 +70,24 @@ def main(argv: list[str] | None = None) -> int:
         timings.setdefault("first", time.perf_counter())
         stream(token)
 
-    out = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   generator=generator, on_token=on_token)
+    out = generate(
+        model,
+        prompt,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        generator=generator,
+        on_token=on_token,
+    )
     end = time.perf_counter()
     new = out.shape[1] - prompt.shape[1]
     prefill = timings.get("first", end) - start
     decode_rate = (new - 1) / max(end - timings.get("first", end), 1e-9) if new > 1 else 0.0
-    print(f"\n\n[{prompt.shape[1]} prompt tokens, prefill {prefill * 1000:.0f} ms; {new} new tokens at {decode_rate:.1f} tokens/s "
-          f"({root.mixer.name}, {model.num_params():,} parameters, {args.device})]")
+    print(
+        f"\n\n[{prompt.shape[1]} prompt tokens, prefill {prefill * 1000:.0f} ms; {new} new tokens at {decode_rate:.1f} tokens/s "
+        f"({root.mixer.name}, {model.num_params():,} parameters, {args.device})]"
+    )
     return 0
 
 

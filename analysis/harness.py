@@ -33,17 +33,28 @@ MODEL_NAME = "k3"
 class K3HarnessModel(TemplateLM):
     """A run's decoder and tokenizer behind the harness's three request types."""
 
-    def __init__(self, run: str, device: str = "cpu", batch_size: int | str = 8, max_length: Optional[int] = None,
-                 max_batch_size: Optional[int] = None, **_: Any) -> None:
+    def __init__(
+        self,
+        run: str,
+        device: str = "cpu",
+        batch_size: int | str = 8,
+        max_length: Optional[int] = None,
+        max_batch_size: Optional[int] = None,
+        **_: Any,
+    ) -> None:
         super().__init__()
         if str(device).startswith("cuda") and not torch.cuda.is_available():
-            print(f"analysis.harness: device {device} is not available here; using the CPU", file=sys.stderr)  # the harness's CLI default is cuda
+            print(
+                f"analysis.harness: device {device} is not available here; using the CPU", file=sys.stderr
+            )  # the harness's CLI default is cuda
             device = "cpu"
         self.root, self.model = load_run(run, device=device)
         self.tokenizer_ = load_tokenizer(run, self.root)
         self.run = run
         self._device = torch.device(device)
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" probing is not needed on small models
+        self.batch_size = (
+            int(batch_size) if str(batch_size).isdigit() else 8
+        )  # "auto" probing is not needed on small models
         self.max_length = int(max_length) if max_length else self.root.data.seq_len
 
     # -- what TemplateLM needs -----------------------------------------------------------------------
@@ -62,8 +73,9 @@ class K3HarnessModel(TemplateLM):
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> list[int]:
         return [int(t) for t in self.tokenizer_.encode_batch([string])[0]]
 
-    def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]], disable_tqdm: bool = False,
-                              **kwargs: Any) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(
+        self, requests: list[tuple[tuple[str, str], list[int], list[int]]], disable_tqdm: bool = False, **kwargs: Any
+    ) -> list[tuple[float, bool]]:
         pairs = [(context, continuation) for _, context, continuation in requests]
         results = continuation_logprobs(self.model, pairs, self.max_length, self.batch_size, self._device)
         for (key, _, _), result in zip(requests, results):
@@ -98,7 +110,7 @@ class K3HarnessModel(TemplateLM):
         temperature = float(gen_kwargs.pop("temperature", 0.0) or 0.0)
         do_sample = bool(gen_kwargs.pop("do_sample", temperature > 0))
         ids = self.tok_encode(context) or [self.eot_token_id]
-        ids = ids[-max(1, self.max_length - max_new):]  # room for the continuation within max_length
+        ids = ids[-max(1, self.max_length - max_new) :]  # room for the continuation within max_length
         generated: list[int] = []
 
         def on_token(token: torch.Tensor) -> bool:
@@ -106,8 +118,14 @@ class K3HarnessModel(TemplateLM):
             text = self.tokenizer_.decode(generated)
             return generated[-1] == self.eot_token_id or any(stop in text for stop in until)
 
-        generate(self.model, torch.tensor([ids], device=self._device), max_new, temperature=temperature if do_sample else 0.0,
-                 generator=torch.Generator(device=self._device).manual_seed(0), on_token=on_token)
+        generate(
+            self.model,
+            torch.tensor([ids], device=self._device),
+            max_new,
+            temperature=temperature if do_sample else 0.0,
+            generator=torch.Generator(device=self._device).manual_seed(0),
+            on_token=on_token,
+        )
         if generated and generated[-1] == self.eot_token_id:
             generated = generated[:-1]
         text = self.tokenizer_.decode(generated)

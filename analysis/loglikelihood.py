@@ -16,14 +16,19 @@ import torch
 def _truncate(context: list[int], continuation: list[int], max_length: int) -> tuple[list[int], list[int]]:
     """Keep the last ``max_length + 1`` tokens of context + continuation (the continuation is scored in
     full if it fits; otherwise its start is dropped from scoring)."""
-    whole = (context + continuation)[-(max_length + 1):]
+    whole = (context + continuation)[-(max_length + 1) :]
     n = min(len(continuation), len(whole) - 1)
-    return whole[: len(whole) - n], whole[len(whole) - n:]
+    return whole[: len(whole) - n], whole[len(whole) - n :]
 
 
 @torch.no_grad()
-def continuation_logprobs(model: torch.nn.Module, pairs: Sequence[tuple[list[int], list[int]]], max_length: int,
-                          batch_size: int = 8, device: str | torch.device = "cpu") -> list[tuple[float, bool]]:
+def continuation_logprobs(
+    model: torch.nn.Module,
+    pairs: Sequence[tuple[list[int], list[int]]],
+    max_length: int,
+    batch_size: int = 8,
+    device: str | torch.device = "cpu",
+) -> list[tuple[float, bool]]:
     """For each (context ids, continuation ids): (sum of log p(continuation token | everything before it),
     whether greedy decoding would have produced the whole continuation). Contexts are non-empty."""
     out: list[tuple[float, bool]] = [(0.0, True)] * len(pairs)
@@ -51,8 +56,9 @@ def continuation_logprobs(model: torch.nn.Module, pairs: Sequence[tuple[list[int
 
 
 @torch.no_grad()
-def rolling_logprob(model: torch.nn.Module, tokens: list[int], prefix_id: int, max_length: int,
-                    device: str | torch.device = "cpu") -> float:
+def rolling_logprob(
+    model: torch.nn.Module, tokens: list[int], prefix_id: int, max_length: int, device: str | torch.device = "cpu"
+) -> float:
     """log p(tokens), scored in disjoint windows of ``max_length`` predictions; each window's input is
     the token just before it (``prefix_id`` for the first) and all but its last prediction."""
     total = 0.0

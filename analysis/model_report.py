@@ -29,10 +29,10 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from runtime.config import validate
-from runtime.launch import compose, strip_hydra
 from components.model import Decoder, build_on_meta
 from components.registry import ConfigError
+from runtime.config import validate
+from runtime.launch import compose, strip_hydra
 
 
 def build_meta(overrides: list[str]) -> Decoder:
@@ -93,14 +93,21 @@ def param_counts(model: Decoder) -> dict[str, Any]:
 
 
 def schedule(model: Decoder) -> dict[str, Any]:
-    layers = [{"layer": i, "mixer": layer.spec.mixer.name, "ffn": layer.spec.ffn.name} for i, layer in enumerate(model.layers)]
+    layers = [
+        {"layer": i, "mixer": layer.spec.mixer.name, "ffn": layer.spec.ffn.name} for i, layer in enumerate(model.layers)
+    ]
     by_mixer: dict[str, list[int]] = {}
     by_ffn: dict[str, list[int]] = {}
     for row in layers:
         by_mixer.setdefault(row["mixer"], []).append(row["layer"])
         by_ffn.setdefault(row["ffn"], []).append(row["layer"])
-    return {"layers": layers, "mixer_layers": by_mixer, "ffn_layers": by_ffn,
-            "mixer_counts": {k: len(v) for k, v in by_mixer.items()}, "ffn_counts": {k: len(v) for k, v in by_ffn.items()}}
+    return {
+        "layers": layers,
+        "mixer_layers": by_mixer,
+        "ffn_layers": by_ffn,
+        "mixer_counts": {k: len(v) for k, v in by_mixer.items()},
+        "ffn_counts": {k: len(v) for k, v in by_ffn.items()},
+    }
 
 
 def attnres_reads(model: Decoder) -> Optional[dict[str, Any]]:
@@ -135,7 +142,8 @@ def cache_report(model: Decoder, seq_len: int, cache_bytes: int, state_bytes: li
         "conv_state_numbers_per_sequence": state_conv,
         "seq_len": seq_len,
         "cache_bytes_per_sequence": {
-            f"state_{b}B": per_token * cache_bytes * seq_len + state_recurrent * b + state_conv * cache_bytes for b in state_bytes
+            f"state_{b}B": per_token * cache_bytes * seq_len + state_recurrent * b + state_conv * cache_bytes
+            for b in state_bytes
         },
         "mla_macs_per_layer": macs,
     }
@@ -163,7 +171,11 @@ def latent_budget(model: Decoder) -> Optional[dict[str, Any]]:
     projections = down.weight.numel() + up.weight.numel()
     active_routed = cfg.top_k * ffn.routed_experts().expert_params()
     report: dict[str, Any] = {
-        "d_model": d, "latent_dim": d_l, "experts": cfg.num_experts, "top_k": cfg.top_k, "expert_hidden": m,
+        "d_model": d,
+        "latent_dim": d_l,
+        "experts": cfg.num_experts,
+        "top_k": cfg.top_k,
+        "expert_hidden": m,
         "latent_projection_params": projections,
         "active_routed_expert_params": active_routed,
         "latent_projection_share": projections / active_routed,
@@ -174,19 +186,28 @@ def latent_budget(model: Decoder) -> Optional[dict[str, Any]]:
         r = int(ratio)
         E_full, k_full = cfg.num_experts // r, cfg.top_k // r
         report["full_width_equivalent"] = {
-            "experts": E_full, "top_k": k_full,
+            "experts": E_full,
+            "top_k": k_full,
             "routed_expert_params_total": E_full * 3 * d * m,
             "active_routed_expert_params": k_full * 3 * d * m,
-            "same_budget": E_full * 3 * d * m == report["routed_expert_params_total"] and k_full * 3 * d * m == active_routed,
+            "same_budget": E_full * 3 * d * m == report["routed_expert_params_total"]
+            and k_full * 3 * d * m == active_routed,
         }
     return report
 
 
-def report(overrides: list[str], seq_len: int = 4096, cache_bytes: int = 2, state_bytes: Optional[list[int]] = None) -> dict[str, Any]:
+def report(
+    overrides: list[str], seq_len: int = 4096, cache_bytes: int = 2, state_bytes: Optional[list[int]] = None
+) -> dict[str, Any]:
     model = build_meta(overrides)
     root = model.config
-    out: dict[str, Any] = {"overrides": overrides, "d_model": root.model.d_model, "n_layers": root.model.n_layers,
-                           "vocab_size": root.model.vocab_size, "tie_embeddings": root.model.tie_embeddings}
+    out: dict[str, Any] = {
+        "overrides": overrides,
+        "d_model": root.model.d_model,
+        "n_layers": root.model.n_layers,
+        "vocab_size": root.model.vocab_size,
+        "tie_embeddings": root.model.tie_embeddings,
+    }
     out.update(param_counts(model))
     out["schedule"] = schedule(model)
     out["attnres"] = attnres_reads(model)
@@ -212,13 +233,19 @@ def _ranges(idx: list[int]) -> str:
 
 
 def print_table(r: dict[str, Any]) -> None:
-    print(f"model: d_model {r['d_model']}, {r['n_layers']} layers, vocab {r['vocab_size']:,}, tied {r['tie_embeddings']}")
+    print(
+        f"model: d_model {r['d_model']}, {r['n_layers']} layers, vocab {r['vocab_size']:,}, tied {r['tie_embeddings']}"
+    )
     print(f"total parameters            {r['total_params']:>22,}")
     # the model card's "activated" figure excludes the input embedding table (a lookup, not a product)
-    print(f"activated (model card)      {r['active_params_without_embedding']:>22,}   per token, input embedding excluded")
+    print(
+        f"activated (model card)      {r['active_params_without_embedding']:>22,}   per token, input embedding excluded"
+    )
     print(f"active per token            {r['active_params']:>22,}   every tensor one token touches, embedding included")
     if r.get("mtp_params"):
-        print(f"MTP layers (training only)  {r['mtp_params']:>22,}   not in the counts above ({r['mtp_active_params']:,} active per token)")
+        print(
+            f"MTP layers (training only)  {r['mtp_params']:>22,}   not in the counts above ({r['mtp_active_params']:,} active per token)"
+        )
     print("\nparameters by kind")
     for k, v in r["params_by_kind"].items():
         print(f"  {k:<38} {v:>22,}")
@@ -232,22 +259,30 @@ def print_table(r: dict[str, Any]) -> None:
         counts = [row["sources"] for row in r["attnres"]["per_read"]]
         print(f"\nAttnRes sources per read: {counts[:-1]}; final read {counts[-1]}")
     c = r["cache"]
-    print(f"\ndecode cache: {c['cache_bytes_per_token']:,} B per token ({c['cache_bytes_per_number']} B numbers), "
-          f"recurrent state {c['recurrent_state_numbers_per_sequence']:,} + conv {c['conv_state_numbers_per_sequence']:,} numbers per sequence")
+    print(
+        f"\ndecode cache: {c['cache_bytes_per_token']:,} B per token ({c['cache_bytes_per_number']} B numbers), "
+        f"recurrent state {c['recurrent_state_numbers_per_sequence']:,} + conv {c['conv_state_numbers_per_sequence']:,} numbers per sequence"
+    )
     for k, v in c["cache_bytes_per_sequence"].items():
         print(f"  per sequence of {c['seq_len']:,} tokens ({k} state): {v:,} B")
     for k, v in c.get("all_mla_crossover_tokens", {}).items():
         print(f"  hybrid cache equals an all-MLA stack's at {v:,} tokens ({k} state)")
     for kind, m in c["mla_macs_per_layer"].items():
-        print(f"  {kind}: prefill {m['prefill_macs_per_cached_position']:,} / decode {m['decode_macs_per_cached_position']:,} multiply-adds per cached position per layer")
+        print(
+            f"  {kind}: prefill {m['prefill_macs_per_cached_position']:,} / decode {m['decode_macs_per_cached_position']:,} multiply-adds per cached position per layer"
+        )
     lb = r["latent_moe"]
     if lb:
-        print(f"\nLatentMoE: latent projections {lb['latent_projection_params']:,} = {100 * lb['latent_projection_share']:.1f}% "
-              f"of the active routed expert matrices ({lb['active_routed_expert_params']:,})")
+        print(
+            f"\nLatentMoE: latent projections {lb['latent_projection_params']:,} = {100 * lb['latent_projection_share']:.1f}% "
+            f"of the active routed expert matrices ({lb['active_routed_expert_params']:,})"
+        )
         fw = lb.get("full_width_equivalent")
         if fw:
-            print(f"  {lb['experts']}-choose-{lb['top_k']} at width {lb['latent_dim']} = {fw['experts']}-choose-{fw['top_k']} at width "
-                  f"{lb['d_model']} in routed expert budget: {fw['same_budget']} ({fw['routed_expert_params_total']:,} total, {fw['active_routed_expert_params']:,} active)")
+            print(
+                f"  {lb['experts']}-choose-{lb['top_k']} at width {lb['latent_dim']} = {fw['experts']}-choose-{fw['top_k']} at width "
+                f"{lb['d_model']} in routed expert budget: {fw['same_budget']} ({fw['routed_expert_params_total']:,} total, {fw['active_routed_expert_params']:,} active)"
+            )
 
 
 def main(argv: Optional[list[str]] = None) -> int:

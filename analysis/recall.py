@@ -27,7 +27,9 @@ TUNED_KEYS = ("optimizer.lr",)  # searched over, not compared: a point is shown 
 
 def segments(runs: list[Any]) -> list[tuple[int, int]]:
     """(length, pairs) of every test segment any run reports, shortest and fewest first."""
-    found = {(int(m.group(1)), int(m.group(2))) for r in runs for k in r.summary.get("val", {}) if (m := SEGMENT.match(k))}
+    found = {
+        (int(m.group(1)), int(m.group(2))) for r in runs for k in r.summary.get("val", {}) if (m := SEGMENT.match(k))
+    }
     return sorted(found)
 
 
@@ -79,13 +81,27 @@ def table(runs: list[Any]) -> Optional[tuple[list[str], list[list[Any]]]]:
     if not segs:
         return None
     tuned = [k for k in TUNED_KEYS if any(k in r.varied for r in runs)]
-    header = ["mixer", "d_model", *[f"best {k}" for k in tuned], "state numbers per token", "fixed state numbers",
-              *[f"T{t} P{p}" for t, p in segs]]
+    header = [
+        "mixer",
+        "d_model",
+        *[f"best {k}" for k in tuned],
+        "state numbers per token",
+        "fixed state numbers",
+        *[f"T{t} P{p}" for t, p in segs],
+    ]
     rows = []
     for r in best_runs(runs):
         state = r.summary.get("decode_state_numbers") or {}
-        rows.append([_line(r), width(r), *[r.varied.get(k) for k in tuned], state.get("per_token"), state.get("fixed"),
-                     *[accuracy(r, s) for s in segs]])
+        rows.append(
+            [
+                _line(r),
+                width(r),
+                *[r.varied.get(k) for k in tuned],
+                state.get("per_token"),
+                state.get("fixed"),
+                *[accuracy(r, s) for s in segs],
+            ]
+        )
     return header, rows
 
 

@@ -22,7 +22,7 @@ def is_wandb_path(path: str) -> bool:
 
 def parse_path(path: str) -> tuple[str, Optional[str]]:
     """``wandb:entity/project[/group]`` -> (``entity/project``, group or None)."""
-    parts = [p for p in path[len(PREFIX):].strip("/").split("/") if p]
+    parts = [p for p in path[len(PREFIX) :].strip("/").split("/") if p]
     if len(parts) not in (2, 3):
         raise ValueError(f"{path}: expected wandb:ENTITY/PROJECT or wandb:ENTITY/PROJECT/GROUP")
     return "/".join(parts[:2]), (parts[2] if len(parts) == 3 else None)
@@ -45,7 +45,11 @@ def history_records(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         step = row.get("trainer/global_step", row.get("_step"))
         if step is None:
             continue
-        metrics = {k: v for k, v in row.items() if not k.startswith("_") and k != "trainer/global_step" and isinstance(v, (int, float)) and v is not None}
+        metrics = {
+            k: v
+            for k, v in row.items()
+            if not k.startswith("_") and k != "trainer/global_step" and isinstance(v, (int, float)) and v is not None
+        }
         if metrics:
             records.append({"step": int(step), **metrics})
     return records
@@ -54,13 +58,20 @@ def history_records(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 def summary_of(run: Any) -> dict[str, Any]:
     """A run's W&B summary in the shape of a run folder's summary.json."""
     summary = dict(run.summary)
-    out: dict[str, Any] = {"name": run.name, "val": {k[len("val/"):]: v for k, v in summary.items() if k.startswith("val/") and isinstance(v, (int, float))}}
+    out: dict[str, Any] = {
+        "name": run.name,
+        "val": {
+            k[len("val/") :]: v for k, v in summary.items() if k.startswith("val/") and isinstance(v, (int, float))
+        },
+    }
     from runtime.loggers import WANDB_SUMMARY_FIELDS
 
     for key in WANDB_SUMMARY_FIELDS:
         if key in summary:
             out[key] = summary[key]
-    out["eval"] = {k[len("eval/"):]: v for k, v in summary.items() if k.startswith("eval/") and isinstance(v, (int, float))}
+    out["eval"] = {
+        k[len("eval/") :]: v for k, v in summary.items() if k.startswith("eval/") and isinstance(v, (int, float))
+    }
     if "steps" not in out and "trainer/global_step" in summary:
         out["steps"] = summary["trainer/global_step"]
     return out

@@ -149,16 +149,35 @@ def fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-COLUMNS = (("check", 32, "<"), ("size", 36, "<"), ("status", 7, "<"), ("max_abs", 9, ">"), ("rel", 9, ">"),
-           ("tol", 7, ">"), ("fast_ms", 9, ">"), ("ref_ms", 9, ">"), ("fast/ref", 8, ">"), ("note", 0, "<"))
+COLUMNS = (
+    ("check", 32, "<"),
+    ("size", 36, "<"),
+    ("status", 7, "<"),
+    ("max_abs", 9, ">"),
+    ("rel", 9, ">"),
+    ("tol", 7, ">"),
+    ("fast_ms", 9, ">"),
+    ("ref_ms", 9, ">"),
+    ("fast/ref", 8, ">"),
+    ("note", 0, "<"),
+)
 
 
 def format_table(rows: Sequence[Row]) -> str:
     lines = [" ".join(f"{name:{al}{w}}" if w else name for name, w, al in COLUMNS)]
     for r in rows:
-        cells = (r.check, r.size, r.status, fmt(r.max_abs, ".2e"), fmt(r.rel, ".2e"), fmt(r.tol, ".0e"),
-                 fmt(r.fast_ms, ".2f"), fmt(r.ref_ms, ".2f"), fmt(r.ratio, ".2f") + ("x" if r.ratio is not None else ""),
-                 r.note)
+        cells = (
+            r.check,
+            r.size,
+            r.status,
+            fmt(r.max_abs, ".2e"),
+            fmt(r.rel, ".2e"),
+            fmt(r.tol, ".0e"),
+            fmt(r.fast_ms, ".2f"),
+            fmt(r.ref_ms, ".2f"),
+            fmt(r.ratio, ".2f") + ("x" if r.ratio is not None else ""),
+            r.note,
+        )
         lines.append(" ".join(f"{c:{al}{w}}" if w else c for c, (_, w, al) in zip(cells, COLUMNS)))
     return "\n".join(lines)
 
@@ -265,13 +284,19 @@ def kda_inputs(B: int, T: int, H: int, K: int, device: torch.device, seed: int =
         "q": l2norm(randn(B, T, H, K)),  # [B, T, H, K]
         "k": l2norm(randn(B, T, H, K)),  # [B, T, H, K]
         "v": randn(B, T, H, K),  # [B, T, H, V], V = K
-        "g": kda_gate(randn(B, T, H, K), torch.zeros(H, device=device), dt_bias, lower_bound=-5.0),  # [B, T, H, K] in (-5, 0)
+        "g": kda_gate(
+            randn(B, T, H, K), torch.zeros(H, device=device), dt_bias, lower_bound=-5.0
+        ),  # [B, T, H, K] in (-5, 0)
         "beta": torch.sigmoid(randn(B, T, H)),  # [B, T, H]
     }
 
 
-def fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Mapping[str, torch.Tensor], grad_out: torch.Tensor,
-            params: Sequence[torch.nn.Parameter] = ()) -> Callable[[], torch.Tensor]:
+def fwd_bwd(
+    fn: Callable[..., torch.Tensor],
+    inputs: Mapping[str, torch.Tensor],
+    grad_out: torch.Tensor,
+    params: Sequence[torch.nn.Parameter] = (),
+) -> Callable[[], torch.Tensor]:
     """A step: reset grads, ``fn(**inputs)``, backward against ``grad_out``; returns the output."""
 
     def step() -> torch.Tensor:
@@ -368,7 +393,9 @@ def check_kda_mixer(B: int, T: int, H: int, K: int, tol: float, repeats: int) ->
 
         d = H * K
         torch.manual_seed(0)
-        mixer = KimiDeltaAttention(KDAConfig(n_heads=H, head_dim=K, gate_lower_bound=-5.0, backend="torch"), d).to(ctx.device)
+        mixer = KimiDeltaAttention(KDAConfig(n_heads=H, head_dim=K, gate_lower_bound=-5.0, backend="torch"), d).to(
+            ctx.device
+        )
         params = list(mixer.parameters())
         x = {"x": torch.randn(B, T, d, device=ctx.device).requires_grad_()}  # [B, T, d]
         dy = torch.randn(B, T, d, device=ctx.device).bfloat16()  # [B, T, d]
@@ -454,7 +481,9 @@ def check_situ(rows_: int, cols: int, tol: float, repeats: int) -> Callable[[Con
 # ------------------------------------------------------------------------------------------------
 # 4. MoE: grouped dispatch against the loop, MoE forms against dense FFNs
 # ------------------------------------------------------------------------------------------------
-def check_moe_experts(N: int, E: int, k: int, d: int, m: int, tol: float, repeats: int) -> Callable[[Context, Row], None]:
+def check_moe_experts(
+    N: int, E: int, k: int, d: int, m: int, tol: float, repeats: int
+) -> Callable[[Context, Row], None]:
     def run(ctx: Context, row: Row) -> None:
         from benchmarks.moe import routing
         from components.ffn.experts import (
@@ -471,12 +500,16 @@ def check_moe_experts(N: int, E: int, k: int, d: int, m: int, tol: float, repeat
         params = dict(ex.named_parameters())  # w1, w3 [E, m, d]; w2 [E, d, m]
         inputs = {"x": torch.randn(N, d, device=ctx.device, dtype=torch.bfloat16).requires_grad_()}  # [N, d]
         if not grouped_mm_supported(inputs["x"], ex.w1.transpose(-2, -1)):
-            raise Skip(f"grouped_mm does not run here (torch {torch.__version__}, {ctx.device}; components.ffn.experts.grouped_mm_supported)")
+            raise Skip(
+                f"grouped_mm does not run here (torch {torch.__version__}, {ctx.device}; components.ffn.experts.grouped_mm_supported)"
+            )
         idx, w = routing(N, E, k, ctx.device)  # [N, k] expert ids, [N, k] combine weights (uneven loads)
         gy = torch.randn(N, d, device=ctx.device, dtype=torch.bfloat16)  # [N, d]
         steps = {
             "grouped": fwd_bwd(lambda x: ex(x, idx, w), inputs, gy, list(params.values())),
-            "loop": fwd_bwd(lambda x: experts_reference(x, idx, w, ex.w1, ex.w2, ex.w3, act), inputs, gy, list(params.values())),
+            "loop": fwd_bwd(
+                lambda x: experts_reference(x, idx, w, ex.w1, ex.w2, ex.w3, act), inputs, gy, list(params.values())
+            ),
         }
         got = {n: outputs_and_grads(s, {**inputs, **params}) for n, s in steps.items()}
         set_parity(row, got["grouped"], got["loop"], tol)
@@ -487,7 +520,9 @@ def check_moe_experts(N: int, E: int, k: int, d: int, m: int, tol: float, repeat
     return run
 
 
-def check_moe_vs_dense(form: str, size: tuple[int, int, int, int, int], repeats: int, last: bool) -> Callable[[Context, Row], None]:
+def check_moe_vs_dense(
+    form: str, size: tuple[int, int, int, int, int], repeats: int, last: bool
+) -> Callable[[Context, Row], None]:
     def run(ctx: Context, row: Row) -> None:
         from benchmarks.moe import build_forms
         from benchmarks.moe import fwd_bwd as module_step
@@ -508,8 +543,10 @@ def check_moe_vs_dense(form: str, size: tuple[int, int, int, int, int], repeats:
         ex = moe.experts  # RoutedExperts over the (latent) expert width
         dispatch = ex.dispatch if ex.dispatch != "auto" else "auto -> " + auto_dispatch(x.new_empty(1, ex.d_in), ex.w1)
         met = "met" if row.ratio is not None and row.ratio <= GOAL_MOE_VS_DENSE else "MISSED"
-        row.add_note(f"goal moe/dense <= {GOAL_MOE_VS_DENSE}x: {met}; dispatch {dispatch}; "
-                     f"{moe.active_params():,} active params each, bf16, fwd+bwd")
+        row.add_note(
+            f"goal moe/dense <= {GOAL_MOE_VS_DENSE}x: {met}; dispatch {dispatch}; "
+            f"{moe.active_params():,} active params each, bf16, fwd+bwd"
+        )
         if last:
             del ctx.results[key]
 
@@ -532,8 +569,9 @@ def peak_flops(ctx: Context) -> tuple[float, str]:
     return ctx.peak
 
 
-def check_train(key: str, overrides: Sequence[str], B: int, T: int, warmup: int, steps: int,
-                compile: bool = False) -> Callable[[Context, Row], None]:
+def check_train(
+    key: str, overrides: Sequence[str], B: int, T: int, warmup: int, steps: int, compile: bool = False
+) -> Callable[[Context, Row], None]:
     def run(ctx: Context, row: Row) -> None:
         root = validate_overrides(list(overrides))
         from components.model import build_on_meta
@@ -556,9 +594,11 @@ def check_train(key: str, overrides: Sequence[str], B: int, T: int, warmup: int,
         else:
             ctx.results[f"{key}_eager_ms"] = ms
         mode = {"off": "eager", "model": "compiled", "layers": "compiled per layer (eager islands)"}[mode]
-        row.add_note(f"{tokens_per_s:,.0f} tok/s, MFU {mfu:.1%} of {peak / 1e12:.0f} TFLOP/s ({source}); "
-                     f"{model.num_params() / 1e6:.1f}M params, {model.flops_per_token(T) / 1e6:.0f} MFLOP/token; "
-                     f"{mode}, {root.optimizer.name}, loss {float(losses[0]):.3f} -> {float(losses[-1]):.3f}")
+        row.add_note(
+            f"{tokens_per_s:,.0f} tok/s, MFU {mfu:.1%} of {peak / 1e12:.0f} TFLOP/s ({source}); "
+            f"{model.num_params() / 1e6:.1f}M params, {model.flops_per_token(T) / 1e6:.0f} MFLOP/token; "
+            f"{mode}, {root.optimizer.name}, loss {float(losses[0]):.3f} -> {float(losses[-1]):.3f}"
+        )
 
     return run
 
@@ -616,8 +656,10 @@ def check_fsdp2(overrides: Sequence[str], B: int, T: int, tol: float) -> Callabl
             row.max_abs, row.rel, _ = compare({"loss": losses["fsdp2"]}, {"loss": losses["plain"]})
             row.tol = tol
             a, b = losses["fsdp2"].tolist(), losses["plain"].tolist()
-            row.add_note(f"loss before/after one step: fsdp2 {a[0]:.5f}/{a[1]:.5f}, unsharded {b[0]:.5f}/{b[1]:.5f}; "
-                         f"world size 1, {dist.get_backend()}, {root.optimizer.name}, bf16 autocast")
+            row.add_note(
+                f"loss before/after one step: fsdp2 {a[0]:.5f}/{a[1]:.5f}, unsharded {b[0]:.5f}/{b[1]:.5f}; "
+                f"world size 1, {dist.get_backend()}, {root.optimizer.name}, bf16 autocast"
+            )
         finally:
             if created:
                 dist.destroy_process_group()
@@ -633,9 +675,17 @@ def k3_small_overrides(quick: bool) -> list[str]:
     AttnRes read on ``auto`` (fla's kernel; k3_small's own choice, ``torch``, suits its CPU runs)."""
     d = 512 if quick else 1024
     heads = d // 128
-    return ["experiment=k3_small", f"model.d_model={d}", f"mixer.n_heads={heads}", "mixer.head_dim=128",
-            f"mixers.mla.n_heads={heads}", f"ffn.latent_dim={d // 2}", f"ffn.expert_hidden_dim={d // 4}",
-            f"ffns.dense.hidden_dim={4 * d}", "residual.backend=auto"]
+    return [
+        "experiment=k3_small",
+        f"model.d_model={d}",
+        f"mixer.n_heads={heads}",
+        "mixer.head_dim=128",
+        f"mixers.mla.n_heads={heads}",
+        f"ffn.latent_dim={d // 2}",
+        f"ffn.expert_hidden_dim={d // 4}",
+        f"ffns.dense.hidden_dim={4 * d}",
+        "residual.backend=auto",
+    ]
 
 
 def build_checks(args: argparse.Namespace) -> list[Check]:
@@ -643,12 +693,16 @@ def build_checks(args: argparse.Namespace) -> list[Check]:
     reps = 5 if q else 10
     checks: list[Check] = []
     B, H, K = (1, 8, 128) if q else (2, 16, 128)
-    for T in ((1024, 2048) if q else (2048, 8192)):
+    for T in (1024, 2048) if q else (2048, 8192):
         checks.append(Check("kda_fla", f"B={B} T={T} H={H} K=V={K}", check_kda_fla(B, T, H, K, 2e-2, reps), ("fla",)))
     B, T, H = (2, 1024, 8) if q else (2, 4096, 16)
-    checks.append(Check("kda_fla_varlen", f"B={B} T={T} H={H} K=V={K}", check_kda_fla_varlen(B, T, H, K, 2e-2, reps), ("fla",)))
+    checks.append(
+        Check("kda_fla_varlen", f"B={B} T={T} H={H} K=V={K}", check_kda_fla_varlen(B, T, H, K, 2e-2, reps), ("fla",))
+    )
     B, T, H = (1, 1024, 8) if q else (2, 2048, 16)
-    checks.append(Check("kda_mixer", f"B={B} T={T} d={H * K} H={H} K=V={K}", check_kda_mixer(B, T, H, K, 5e-2, reps), ("fla",)))
+    checks.append(
+        Check("kda_mixer", f"B={B} T={T} d={H * K} H={H} K=V={K}", check_kda_mixer(B, T, H, K, 5e-2, reps), ("fla",))
+    )
     S, B, T, d = (5, 2, 1024, 1024) if q else (9, 4, 2048, 2048)
     checks.append(Check("attnres_fla", f"S={S} B={B} T={T} d={d}", check_attnres(S, B, T, d, 1e-2, reps), ("fla",)))
     N, m = (4096, 1024) if q else (8192, 3072)
@@ -658,39 +712,64 @@ def build_checks(args: argparse.Namespace) -> list[Check]:
     size = (8192, 1024, 64, 4, 512) if q else (32768, 2048, 64, 4, 1024)
     forms = ("moe", "latent_moe", "stable_latent_moe")
     for form in forms:
-        checks.append(Check(f"moe_vs_dense[{form}]", "N={} d={} E={} k={} m={}".format(*size),
-                            check_moe_vs_dense(form, size, reps, last=form == forms[-1])))
+        checks.append(
+            Check(
+                f"moe_vs_dense[{form}]",
+                "N={} d={} E={} k={} m={}".format(*size),
+                check_moe_vs_dense(form, size, reps, last=form == forms[-1]),
+            )
+        )
     B, T = (4, 256) if q else (8, 512)
     # before the measurements: a spent --budget-s then skips throughput rows, not parity checks
     checks.append(Check("fsdp2", f"default config, B={B} T={T}", check_fsdp2([], B, T, 1e-3)))
     warmup, steps = (2, 4) if q else (3, 10)
     B, T = (8, 512) if q else (32, 1024)
-    checks.append(Check("train_default", f"default config, B={B} T={T}", check_train("train_default", [], B, T, warmup, steps)))
+    checks.append(
+        Check("train_default", f"default config, B={B} T={T}", check_train("train_default", [], B, T, warmup, steps))
+    )
     if not (args.no_compile or q):
-        checks.append(Check("train_default_compiled", f"default config, B={B} T={T}",
-                            check_train("train_default", [], B, T, warmup, steps, compile=True)))
+        checks.append(
+            Check(
+                "train_default_compiled",
+                f"default config, B={B} T={T}",
+                check_train("train_default", [], B, T, warmup, steps, compile=True),
+            )
+        )
     ov = k3_small_overrides(q)
     B, T = (4, 1024) if q else (8, 2048)
     d = ov[1].split("=")[1]
-    checks.append(Check("train_k3_small", f"k3_small d={d}, B={B} T={T}", check_train("train_k3_small", ov, B, T, warmup, steps)))
+    checks.append(
+        Check("train_k3_small", f"k3_small d={d}, B={B} T={T}", check_train("train_k3_small", ov, B, T, warmup, steps))
+    )
     if not (args.no_compile or q):
-        checks.append(Check("train_k3_small_compiled", f"k3_small d={d}, B={B} T={T}",
-                            check_train("train_k3_small", ov, B, T, warmup, steps, compile=True)))
+        checks.append(
+            Check(
+                "train_k3_small_compiled",
+                f"k3_small d={d}, B={B} T={T}",
+                check_train("train_k3_small", ov, B, T, warmup, steps, compile=True),
+            )
+        )
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {c.name for c in checks} - {"train_default_compiled", "train_k3_small_compiled"}
         if unknown:
-            raise SystemExit(f"--only: unknown check(s) {', '.join(sorted(unknown))}; choose from {', '.join(dict.fromkeys(c.name for c in checks))}")
+            raise SystemExit(
+                f"--only: unknown check(s) {', '.join(sorted(unknown))}; choose from {', '.join(dict.fromkeys(c.name for c in checks))}"
+            )
         checks = [c for c in checks if c.name in wanted]
     return checks
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer steps")
     p.add_argument("--dry-run", action="store_true", help="list the checks and their sizes, run nothing")
     p.add_argument("--only", default=None, help="comma-separated check names")
-    p.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak for MFU (default: from the device name)")
+    p.add_argument(
+        "--peak-tflops", type=float, default=None, help="bf16 dense peak for MFU (default: from the device name)"
+    )
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd training row")
     p.add_argument("--budget-s", type=float, default=420.0, help="start no check after this many seconds")
     return p.parse_args(argv)
@@ -706,8 +785,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         device = torch.device("cuda", torch.cuda.current_device())
         ctx = Context(args, device, deadline=time.perf_counter() + args.budget_s)
-        print(f"gpu_check: {torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
-              f"{'quick' if args.quick else 'full'} sizes, budget {args.budget_s:g} s", flush=True)
+        print(
+            f"gpu_check: {torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
+            f"{'quick' if args.quick else 'full'} sizes, budget {args.budget_s:g} s",
+            flush=True,
+        )
         rows = run_checks(checks, ctx, log=lambda s: print(s, flush=True))
     print()
     print(format_table(rows))

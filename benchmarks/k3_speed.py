@@ -31,8 +31,8 @@ import torch
 
 from benchmarks.timing import medians, time_interleaved
 from benchmarks.train_step import train_setup
-from runtime.launch import validate_overrides
 from runtime.cpu_allocator import keep_freed_memory
+from runtime.launch import validate_overrides
 
 # name: (compile mode, precision, extra overrides)
 PATHS = {
@@ -75,14 +75,18 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--paths: unknown {sorted(unknown)}; choose from {', '.join(PATHS)}")
 
     keep_freed_memory()  # as the trainer does on the CPU, for every path alike
-    print(f"k3_small training step on the CPU ({torch.get_num_threads()} threads), batch {args.batch} x {args.seq} tokens; "
-          f"{args.warmup} warmup + {args.rounds} timed steps each, interleaved")
+    print(
+        f"k3_small training step on the CPU ({torch.get_num_threads()} threads), batch {args.batch} x {args.seq} tokens; "
+        f"{args.warmup} warmup + {args.rounds} timed steps each, interleaved"
+    )
     ids = corpus_batches(validate_overrides(list(overrides)), 1, args.batch, args.seq)[0]
     steps = {}
     for name in names:
         compile, precision, extra = PATHS[name]
-        _, step = train_setup(validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision)
-        steps[name] = (lambda s=step: s(ids))
+        _, step = train_setup(
+            validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision
+        )
+        steps[name] = lambda s=step: s(ids)
     t0 = time.perf_counter()
     sec = medians(time_interleaved(steps, args.rounds, warmup=args.warmup))
     tokens = args.batch * args.seq
@@ -98,15 +102,19 @@ def main(argv: list[str] | None = None) -> int:
         curves = {}
         for name in ("eager fp32", REFERENCE, "fast"):
             compile, precision, extra = PATHS[name]
-            _, step = train_setup(validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision)
+            _, step = train_setup(
+                validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision
+            )
             curves[name] = [float(step(b)) for b in batches]
 
         def gap(a: str, b: str) -> str:
             diff = [abs(x - y) for x, y in zip(curves[a], curves[b])]
             return f"largest step difference {max(diff):.4f}, mean {sum(diff) / len(diff):.4f}"
 
-        print(f"loss curves over {args.curve_steps} steps (batch {args.curve_batch}): "
-              + ", ".join(f"{n} {c[0]:.4f} -> {c[-1]:.4f}" for n, c in curves.items()))
+        print(
+            f"loss curves over {args.curve_steps} steps (batch {args.curve_batch}): "
+            + ", ".join(f"{n} {c[0]:.4f} -> {c[-1]:.4f}" for n, c in curves.items())
+        )
         print(f"  fast vs {REFERENCE}: {gap('fast', REFERENCE)}")
         print(f"  bf16 noise, {REFERENCE} vs eager fp32: {gap(REFERENCE, 'eager fp32')}")
     return 0

@@ -81,7 +81,9 @@ def main() -> None:
     args = p.parse_args()
 
     print(f"KDA fwd+bwd, B={B} H={H} K=V={K} fp32, CPU threads={torch.get_num_threads()}, gates={args.gate}")
-    print(f"{'T':>6} {'chunk ms':>10} {'recur ms':>10} {'sdpa ms':>10} {'recur/chunk':>12} {'chunk/sdpa':>11}  chunk path")
+    print(
+        f"{'T':>6} {'chunk ms':>10} {'recur ms':>10} {'sdpa ms':>10} {'recur/chunk':>12} {'chunk/sdpa':>11}  chunk path"
+    )
     for T in args.T:
         gen = torch.Generator().manual_seed(T)
         x = make_inputs(T, args.gate, gen)

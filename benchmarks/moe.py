@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import medians  # noqa: E402
 from timing import time_interleaved as _time_interleaved  # noqa: E402
+
 from components.balancers.aux_loss import AuxLossConfig  # noqa: E402
 from components.balancers.none import NoBalancerConfig  # noqa: E402
 from components.balancers.qb import QBConfig  # noqa: E402
@@ -48,11 +49,18 @@ SIZES = [(512, 8, 2, 256, 256), (2048, 16, 2, 256, 512), (4096, 64, 4, 128, 256)
 # FFN-form comparison: tokens, d_model, experts, top_k, expert hidden m
 FORM_SIZE = "4096,512,64,4,256"
 FORMS = {"moe": MoEFFNConfig, "latent_moe": LatentMoEConfig, "stable_latent_moe": StableLatentMoEConfig}
-BALANCER_CONFIGS = {"none": NoBalancerConfig(), "aux_loss": AuxLossConfig(), "signsgd": SignSGDConfig(),
-                    "qb": QBConfig(), "qb-exact": QBConfig(estimator="exact")}
+BALANCER_CONFIGS = {
+    "none": NoBalancerConfig(),
+    "aux_loss": AuxLossConfig(),
+    "signsgd": SignSGDConfig(),
+    "qb": QBConfig(),
+    "qb-exact": QBConfig(estimator="exact"),
+}
 
 
-def time_interleaved(fns: dict[str, Callable[[], None]], iters: int, warmup: int, device: torch.device) -> dict[str, float]:
+def time_interleaved(
+    fns: dict[str, Callable[[], None]], iters: int, warmup: int, device: torch.device
+) -> dict[str, float]:
     """Median seconds per call of each fn, interleaved (benchmarks/timing.py)."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     return medians(_time_interleaved(fns, iters, warmup=warmup, sync=sync))
@@ -79,8 +87,12 @@ def bench_experts(args: argparse.Namespace, device: torch.device, dtype: torch.d
     act = glu_activation("situ_glu", beta=4.0, linear_beta=25.0)
     print("\n[experts] routed experts forward+backward")
     backends = ("grouped_mm", "blocked", "padded_bmm")
-    print(f"{'tokens':>6} {'E':>4} {'k':>2} {'d':>5} {'m':>5} | {'loop ms':>9} " + " ".join(f"{b + ' ms':>13}" for b in backends)
-          + " | " + " ".join(f"{'loop/' + b:>16}" for b in backends))
+    print(
+        f"{'tokens':>6} {'E':>4} {'k':>2} {'d':>5} {'m':>5} | {'loop ms':>9} "
+        + " ".join(f"{b + ' ms':>13}" for b in backends)
+        + " | "
+        + " ".join(f"{'loop/' + b:>16}" for b in backends)
+    )
     for N, E, k, d, m in SIZES:
         torch.manual_seed(0)
         ex = RoutedExperts(E, d, m, act, init_std=0.05).to(device=device, dtype=dtype)
@@ -107,8 +119,12 @@ def bench_experts(args: argparse.Namespace, device: torch.device, dtype: torch.d
             fns["grouped_mm"] = run("grouped_mm")
         t = time_interleaved(fns, args.iters, args.warmup, device)
         ms = {b: t.get(b, float("nan")) for b in backends}
-        print(f"{N:>6} {E:>4} {k:>2} {d:>5} {m:>5} | {1e3 * t['loop']:>9.2f} " + " ".join(f"{1e3 * ms[b]:>13.2f}" for b in backends)
-              + " | " + " ".join(f"{t['loop'] / ms[b]:>16.2f}" for b in backends))
+        print(
+            f"{N:>6} {E:>4} {k:>2} {d:>5} {m:>5} | {1e3 * t['loop']:>9.2f} "
+            + " ".join(f"{1e3 * ms[b]:>13.2f}" for b in backends)
+            + " | "
+            + " ".join(f"{t['loop'] / ms[b]:>16.2f}" for b in backends)
+        )
 
 
 def form_size(args: argparse.Namespace) -> tuple[int, int, int, int, int]:
@@ -116,7 +132,9 @@ def form_size(args: argparse.Namespace) -> tuple[int, int, int, int, int]:
     return tuple(int(v) for v in args.form_size.split(","))  # type: ignore[return-value]
 
 
-def build_forms(size: tuple[int, int, int, int, int], device: torch.device, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
+def build_forms(
+    size: tuple[int, int, int, int, int], device: torch.device, dtype: torch.dtype
+) -> dict[str, torch.nn.Module]:
     """The three MoE forms (no shared experts), each with a dense FFN of the same parameters per token
     (``dense=<form>``); the latent forms multiply fewer weights per token, so each gets its own."""
     N, d, E, k, m = size
@@ -140,7 +158,9 @@ def bench_forms(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         modules = {n: torch.compile(mod, dynamic=False) for n, mod in modules.items()}
     t = time_interleaved({n: fwd_bwd(mod, x, gy) for n, mod in modules.items()}, args.iters, args.warmup, device)
     mode = "compiled" if args.compile else "eager"
-    print(f"\n[forms] FFN forward+backward ({mode}, {args.dtype}), {N} tokens, d={d}, {E} experts top-{k}, m={m}, no shared experts")
+    print(
+        f"\n[forms] FFN forward+backward ({mode}, {args.dtype}), {N} tokens, d={d}, {E} experts top-{k}, m={m}, no shared experts"
+    )
     print(f"{'ffn':>18} | {'active params':>13} | {'ms':>8} | {'dense ms':>8} | {'/ dense':>7}")
     for n in FORMS:
         dense = f"dense={n}"
@@ -159,11 +179,16 @@ def bench_products(args: argparse.Namespace, device: torch.device, dtype: torch.
     xd = torch.randn(N, d, device=device, dtype=dtype, requires_grad=True)
     wd = torch.randn(k * m, d, device=device, dtype=dtype, requires_grad=True)
     gd = torch.randn(N, k * m, device=device, dtype=dtype)
-    fns = {"dense mm": lambda: (xd @ wd.T).backward(gd), "bmm": lambda: torch.bmm(x.view(E, rows, d), w.transpose(1, 2)).backward(g.view(E, rows, m))}
+    fns = {
+        "dense mm": lambda: (xd @ wd.T).backward(gd),
+        "bmm": lambda: torch.bmm(x.view(E, rows, d), w.transpose(1, 2)).backward(g.view(E, rows, m)),
+    }
     if grouped_mm_supported(x, w.transpose(-2, -1)):
         fns["grouped_mm"] = lambda: torch.nn.functional.grouped_mm(x, w.transpose(-2, -1), offs=offs).backward(g)
     t = time_interleaved(fns, args.iters, args.warmup, device)
-    print(f"\n[products] one expert matrix fwd+bwd: {E} groups of {rows} x {d} -> {m} vs dense {N} x {d} -> {k * m} (same FLOPs)")
+    print(
+        f"\n[products] one expert matrix fwd+bwd: {E} groups of {rows} x {d} -> {m} vs dense {N} x {d} -> {k * m} (same FLOPs)"
+    )
     for n in fns:
         print(f"{n:>12} | {1e3 * t[n]:>8.2f} ms | {t[n] / t['dense mm']:>5.2f}x dense")
 
@@ -201,7 +226,9 @@ def bench_balancers(args: argparse.Namespace, device: torch.device, dtype: torch
         fns[name] = update
     t = time_interleaved(fns, args.iters, args.warmup, device)
     t_fwd = t["forward"]
-    print(f"\n[balancers] stable_latent_moe layer, {N} tokens, {E} experts top-{k}: (forward + update) - forward, against forward+backward")
+    print(
+        f"\n[balancers] stable_latent_moe layer, {N} tokens, {E} experts top-{k}: (forward + update) - forward, against forward+backward"
+    )
     print(f"{'balancer':>10} | {'update ms':>9} | {'/ fwd+bwd':>9}")
     for name in BALANCER_CONFIGS:
         cost = max(0.0, t[name] - t_fwd)
@@ -215,12 +242,23 @@ def main() -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--only", choices=["experts", "products", "forms", "balancers"], default=None)
-    p.add_argument("--compile", action="store_true", help="forms: time torch.compile'd modules (as trainer.compile does)")
-    p.add_argument("--form-size", default=FORM_SIZE, help="forms and balancers: tokens,d_model,experts,top_k,expert_hidden")
+    p.add_argument(
+        "--compile", action="store_true", help="forms: time torch.compile'd modules (as trainer.compile does)"
+    )
+    p.add_argument(
+        "--form-size", default=FORM_SIZE, help="forms and balancers: tokens,d_model,experts,top_k,expert_hidden"
+    )
     args = p.parse_args()
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    print(f"torch {torch.__version__}, {device}, {args.dtype}, threads {torch.get_num_threads()}, median of {args.iters}")
-    for name, fn in (("experts", bench_experts), ("products", bench_products), ("forms", bench_forms), ("balancers", bench_balancers)):
+    print(
+        f"torch {torch.__version__}, {device}, {args.dtype}, threads {torch.get_num_threads()}, median of {args.iters}"
+    )
+    for name, fn in (
+        ("experts", bench_experts),
+        ("products", bench_products),
+        ("forms", bench_forms),
+        ("balancers", bench_balancers),
+    ):
         if args.only in (None, name):
             fn(args, device, dtype)
 

@@ -26,7 +26,9 @@ def main() -> None:
     p.add_argument("--tokenizers", nargs="+", default=["bytes", "bpe:8192"])
     args = p.parse_args()
     print(f"{os.cpu_count()} cores")
-    print(f"{'input':<14}{'tokenizer':<11}{'MB':>7}{'total s':>9}{'train s':>9}{'MB/s':>8}{'tok MB/s':>10}{'bytes/token':>13}")
+    print(
+        f"{'input':<14}{'tokenizer':<11}{'MB':>7}{'total s':>9}{'train s':>9}{'MB/s':>8}{'tok MB/s':>10}{'bytes/token':>13}"
+    )
     for source in args.inputs:
         for spec in args.tokenizers:
             trained: list[float] = []
@@ -37,14 +39,18 @@ def main() -> None:
 
             with tempfile.TemporaryDirectory() as tmp:
                 start = time.perf_counter()
-                result = prepare(PrepareOptions([source], str(Path(tmp) / "out"), tokenizer=spec, progress=False), log=log)
+                result = prepare(
+                    PrepareOptions([source], str(Path(tmp) / "out"), tokenizer=spec, progress=False), log=log
+                )
                 total = time.perf_counter() - start
             splits = result.meta["splits"].values()
             mb = sum(s["bytes"] for s in splits) / 1e6
             tokens = sum(s["tokens"] - s["documents"] for s in splits)
             train_s = trained[0] if trained else 0.0
-            print(f"{source:<14}{spec:<11}{mb:>7.1f}{total:>9.1f}{train_s:>9.1f}{mb / total:>8.2f}{mb / max(total - train_s, 1e-9):>10.2f}"
-                  f"{mb * 1e6 / tokens:>13.2f}")
+            print(
+                f"{source:<14}{spec:<11}{mb:>7.1f}{total:>9.1f}{train_s:>9.1f}{mb / total:>8.2f}{mb / max(total - train_s, 1e-9):>10.2f}"
+                f"{mb * 1e6 / tokens:>13.2f}"
+            )
 
 
 if __name__ == "__main__":

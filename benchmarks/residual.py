@@ -35,10 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import medians  # noqa: E402
 from timing import time_interleaved as _time_interleaved  # noqa: E402
-from runtime.config import validate  # noqa: E402
-from runtime.launch import compose, strip_hydra  # noqa: E402
+
 from components.model import Decoder  # noqa: E402
 from components.optim.param_groups import adamw_param_groups, unique_trainable  # noqa: E402
+from runtime.config import validate  # noqa: E402
+from runtime.launch import compose, strip_hydra  # noqa: E402
 
 SCHEMES: dict[str, list[str]] = {
     "plain": ["residual=plain"],
@@ -57,7 +58,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_interleaved(fns: dict[str, Callable[[], None]], iters: int, warmup: int, device: torch.device) -> dict[str, float]:
+def time_interleaved(
+    fns: dict[str, Callable[[], None]], iters: int, warmup: int, device: torch.device
+) -> dict[str, float]:
     """Median seconds per call of each fn, interleaved (benchmarks/timing.py)."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     return medians(_time_interleaved(fns, iters, warmup=warmup, sync=sync))
@@ -94,8 +97,20 @@ def _rss_bytes() -> int:
 def forward_activation_bytes(args: argparse.Namespace, overrides: list[str], n_layers: int) -> int:
     """Resident bytes the training forward leaves for backward (RSS after forward minus before), measured
     in a fresh process so allocations of other candidates cannot blur it; Linux only."""
-    cmd = [sys.executable, __file__, "--measure-forward", json.dumps(overrides), "--d-model", str(args.d_model),
-           "--n-layers", str(n_layers), "--seq", str(args.seq), "--batch", str(args.batch)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--measure-forward",
+        json.dumps(overrides),
+        "--d-model",
+        str(args.d_model),
+        "--n-layers",
+        str(n_layers),
+        "--seq",
+        str(args.seq),
+        "--batch",
+        str(args.batch),
+    ]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # big tensors in their own mappings: RSS tracks them
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
     return int(out.split()[-1])
@@ -188,11 +203,17 @@ def depth_table(args: argparse.Namespace, depths: list[int]) -> None:
     print(f"{'layers':>6} {'plain MiB':>10} {'block':>8} {'block keep':>10} {'full':>8}")
     for L in depths:
         block = ["residual=block_attnres", f"residual.block_size={max(1, L // 4)}"]
-        cands = {"plain": ["residual=plain"], "block": block, "block keep": [*block, "residual.recompute=false"],
-                 "full": ["residual=full_attnres"]}
+        cands = {
+            "plain": ["residual=plain"],
+            "block": block,
+            "block keep": [*block, "residual.recompute=false"],
+            "full": ["residual=full_attnres"],
+        }
         act = {n: forward_activation_bytes(args, o, L) for n, o in cands.items()}
         extra = {n: (act[n] - act["plain"]) / 2**20 for n in cands}
-        print(f"{L:>6} {act['plain'] / 2**20:>10.1f} {extra['block']:>8.1f} {extra['block keep']:>10.1f} {extra['full']:>8.1f}")
+        print(
+            f"{L:>6} {act['plain'] / 2**20:>10.1f} {extra['block']:>8.1f} {extra['block keep']:>10.1f} {extra['full']:>8.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import time_interleaved as _time_interleaved  # noqa: E402
+
 from components.ops.activations import SITU_BETA, SITU_LINEAR_BETA, situ_glu_reference, swiglu  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -31,7 +32,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_rounds(fns: dict[str, Callable[[], None]], iters: int, warmup: int, device: torch.device) -> dict[str, list[float]]:
+def time_rounds(
+    fns: dict[str, Callable[[], None]], iters: int, warmup: int, device: torch.device
+) -> dict[str, list[float]]:
     """Seconds per call of each fn over interleaved rounds (benchmarks/timing.py)."""
     return _time_interleaved(fns, iters, warmup=warmup, sync=lambda: _sync(device))
 
@@ -75,7 +78,8 @@ def main() -> None:
 
         if HAS_TRITON:
             fns["situ_triton"] = make_fwd_bwd(
-                lambda g, u: situ_glu_triton(g, u, SITU_BETA, SITU_LINEAR_BETA), gate, up, grad_z)
+                lambda g, u: situ_glu_triton(g, u, SITU_BETA, SITU_LINEAR_BETA), gate, up, grad_z
+            )
         else:
             triton_note = "triton is not installed: Triton path skipped"
     else:
@@ -89,13 +93,19 @@ def main() -> None:
 
     # fwd+bwd touches gate, up, grad_z (read) and z, grad_gate, grad_up (write) at minimum
     min_bytes = 6 * gate.numel() * gate.element_size()
-    print(f"{'candidate':<12} {'median ms':>10} {'min ms':>8} {'GB/s (6 tensors)':>17} {'/ situ_ref':>11} {'/ swiglu':>9}")
+    print(
+        f"{'candidate':<12} {'median ms':>10} {'min ms':>8} {'GB/s (6 tensors)':>17} {'/ situ_ref':>11} {'/ swiglu':>9}"
+    )
     for name, t in med.items():
-        print(f"{name:<12} {t * 1e3:>10.3f} {min(times[name]) * 1e3:>8.3f} {min_bytes / t / 1e9:>17.1f} "
-              f"{t / med['situ_ref']:>11.3f} {t / med['swiglu']:>9.3f}")
+        print(
+            f"{name:<12} {t * 1e3:>10.3f} {min(times[name]) * 1e3:>8.3f} {min_bytes / t / 1e9:>17.1f} "
+            f"{t / med['situ_ref']:>11.3f} {t / med['swiglu']:>9.3f}"
+        )
     if "situ_triton" in med:
-        print(f"speedup of Triton over reference: {med['situ_ref'] / med['situ_triton']:.2f}x; "
-              f"Triton SiTU-GLU vs PyTorch SwiGLU: {med['situ_triton'] / med['swiglu']:.2f}x the time")
+        print(
+            f"speedup of Triton over reference: {med['situ_ref'] / med['situ_triton']:.2f}x; "
+            f"Triton SiTU-GLU vs PyTorch SwiGLU: {med['situ_triton'] / med['swiglu']:.2f}x the time"
+        )
 
 
 if __name__ == "__main__":

@@ -9,9 +9,14 @@ import torch
 from runtime.compile import compiled_hidden
 
 
-def train_setup(root: Any, device: torch.device, compile: str = "off",
-                prepare: Callable[[torch.nn.Module], None] | None = None, precision: str = "bf16",
-                compile_backend: str = "inductor") -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+def train_setup(
+    root: Any,
+    device: torch.device,
+    compile: str = "off",
+    prepare: Callable[[torch.nn.Module], None] | None = None,
+    precision: str = "bf16",
+    compile_backend: str = "inductor",
+) -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """The decoder of ``root`` on ``device`` and a training step ``step(ids [B, T+1]) -> loss``: bf16
     autocast forward (``precision="fp32"``: none), fp32 cross-entropy plus the MTP depths' weighted loss
     and the balancer's loss, backward, the config's optimizer, the balancer's update (wired as the

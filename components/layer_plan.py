@@ -35,7 +35,9 @@ def expand_pattern(pattern: Any, n_layers: int, slots: dict[str, Any], key: str)
     for layer, slot in dict(pattern.at).items():
         index = int(layer)
         if not -n_layers <= index < n_layers:
-            raise ConfigError(f"{key}.at", f"layer {index} is outside a {n_layers}-layer model (valid: {-n_layers}..{n_layers - 1})")
+            raise ConfigError(
+                f"{key}.at", f"layer {index} is outside a {n_layers}-layer model (valid: {-n_layers}..{n_layers - 1})"
+            )
         if slot not in slots:
             raise ConfigError(f"{key}.at.{layer}", f"unknown slot '{slot}'; defined slots: {allowed}")
         names[index % n_layers] = slot

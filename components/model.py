@@ -28,8 +28,8 @@ from components.mtp import MTPDepth, mtp_losses, mtp_spec
 from components.nn.recompute import checkpointed
 from components.nn.rmsnorm import RMSNorm
 from components.nn.segments import Segments
-from components.residual.base import ResidualScheme
 from components.registry import FFNS, MIXERS, RESIDUALS
+from components.residual.base import ResidualScheme
 
 
 class DecoderLayer(nn.Module):
@@ -45,8 +45,14 @@ class DecoderLayer(nn.Module):
         # a plain attribute, so parameter and state-dict names stay the same
         self.activation_checkpointing = False
 
-    def forward(self, state: Any, residual: ResidualScheme, mixer_state: Any = None, offset: int = 0,
-                segments: Optional[Segments] = None) -> Any:
+    def forward(
+        self,
+        state: Any,
+        residual: ResidualScheme,
+        mixer_state: Any = None,
+        offset: int = 0,
+        segments: Optional[Segments] = None,
+    ) -> Any:
         """Both sublayers on the residual scheme's ``state`` (one call, so wrappers such as FSDP2 that
         hook a module's forward see the whole layer). With ``activation_checkpointing`` the two sublayers
         run checkpointed inside this call: FSDP2's hooks stay outside, so the parameters it gathers for
@@ -55,13 +61,22 @@ class DecoderLayer(nn.Module):
             return checkpointed(self._sublayers, state, residual, offset, None, segments)
         return self._sublayers(state, residual, offset, mixer_state, segments)
 
-    def _sublayers(self, state: Any, residual: ResidualScheme, offset: int = 0, mixer_state: Any = None,
-                   segments: Optional[Segments] = None) -> Any:
+    def _sublayers(
+        self,
+        state: Any,
+        residual: ResidualScheme,
+        offset: int = 0,
+        mixer_state: Any = None,
+        segments: Optional[Segments] = None,
+    ) -> Any:
         s = 2 * self.index
         x = residual.read(state, s, self.mixer_norm)
         # segments only when there are some: a mixer written before document masking still runs without
-        mixed = self.mixer(x, state=mixer_state, offset=offset) if segments is None else \
-            self.mixer(x, state=mixer_state, offset=offset, segments=segments)
+        mixed = (
+            self.mixer(x, state=mixer_state, offset=offset)
+            if segments is None
+            else self.mixer(x, state=mixer_state, offset=offset, segments=segments)
+        )
         state = residual.write(state, s, mixed)
         x = residual.read(state, s + 1, self.ffn_norm)
         return residual.write(state, s + 1, self.ffn(x))
@@ -80,12 +95,16 @@ class Decoder(nn.Module):
         out_std = m.init_std / math.sqrt(2 * m.n_layers) if m.scale_residual_init else m.init_std
         self.embed = nn.Embedding(m.vocab_size, m.d_model)
         nn.init.normal_(self.embed.weight, std=m.init_std)
-        self.layers = nn.ModuleList(DecoderLayer(spec, m.d_model, m.norm_eps, m.init_std, out_std) for spec in self.plan)
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, m.d_model, m.norm_eps, m.init_std, out_std) for spec in self.plan
+        )
         self.residual: ResidualScheme = RESIDUALS.build(cfg.residual, m.d_model, m.n_layers, m.norm_eps)
         self.norm = RMSNorm(m.d_model, m.norm_eps)
         # training-only multi-token prediction depths (empty unless model.mtp_depth > 0)
-        self.mtp = nn.ModuleList(MTPDepth(mtp_spec(self.plan[-1], m.n_layers, k), m.d_model, m.norm_eps, m.init_std, out_std)
-                                 for k in range(1, m.mtp_depth + 1))
+        self.mtp = nn.ModuleList(
+            MTPDepth(mtp_spec(self.plan[-1], m.n_layers, k), m.d_model, m.norm_eps, m.init_std, out_std)
+            for k in range(1, m.mtp_depth + 1)
+        )
         self.lm_head = nn.Linear(m.d_model, m.vocab_size, bias=False)
         if m.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -102,8 +121,9 @@ class Decoder(nn.Module):
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.layers))
 
-    def hidden_states(self, input_ids: torch.Tensor, cache: Optional[DecoderCache] = None,
-                      segments: Optional[Segments] = None) -> torch.Tensor:
+    def hidden_states(
+        self, input_ids: torch.Tensor, cache: Optional[DecoderCache] = None, segments: Optional[Segments] = None
+    ) -> torch.Tensor:
         """Final-normed hidden states ``[B, T, d]``. ``segments``: the documents of each row (document
         masking: no token sees another document); None: one document per row."""
         B, T = input_ids.shape
@@ -118,11 +138,14 @@ class Decoder(nn.Module):
             cache.seq_len += T
         return self.residual.finish(state, self.norm)
 
-    def forward(self, input_ids: torch.Tensor, cache: Optional[DecoderCache] = None,
-                segments: Optional[Segments] = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, cache: Optional[DecoderCache] = None, segments: Optional[Segments] = None
+    ) -> torch.Tensor:
         return self.lm_head(self.hidden_states(input_ids, cache, segments))
 
-    def mtp_losses(self, hidden: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor, segments: Optional[Segments] = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def mtp_losses(
+        self, hidden: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor, segments: Optional[Segments] = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per MTP depth: (summed cross-entropy, scored tokens) on targets shifted by the depth;
         ``hidden`` is ``hidden_states(input_ids, segments=segments)`` (components/mtp.py). Empty without MTP."""
         return mtp_losses(self.mtp, self.embed, self.norm, self.lm_head, hidden, input_ids, targets, segments)
@@ -157,8 +180,10 @@ class Decoder(nn.Module):
         """Numbers the decoding state of one sequence holds, all layers: ``per_token`` for the growing
         caches (K/V, MLA latents) and ``fixed`` for the fixed-size states (KDA's S and convolution
         windows); a T-token sequence holds per_token * T + fixed (Zoology's state-size axis)."""
-        return {"per_token": sum(layer.mixer.cache_numbers_per_token() for layer in self.layers),
-                "fixed": sum(layer.mixer.state_numbers() for layer in self.layers)}
+        return {
+            "per_token": sum(layer.mixer.cache_numbers_per_token() for layer in self.layers),
+            "fixed": sum(layer.mixer.state_numbers() for layer in self.layers),
+        }
 
     def compile_unfriendly(self) -> list[str]:
         """Class names of the components that declare ``compile_friendly = False``."""

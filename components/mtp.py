@@ -52,10 +52,14 @@ class MTPDepth(nn.Module):
         self.ffn_norm = RMSNorm(d_model, norm_eps)
         self.ffn = FFNS.build(spec.ffn, d_model, spec.index, init_std, out_init_std)
 
-    def forward(self, hidden: torch.Tensor, ahead_embedding: torch.Tensor, segments: Optional[Segments] = None) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, ahead_embedding: torch.Tensor, segments: Optional[Segments] = None
+    ) -> torch.Tensor:
         """``hidden``, ``ahead_embedding``: ``[B, L, d]`` -> this depth's hidden states ``[B, L, d]``."""
         x = self.proj(torch.cat([self.hidden_norm(hidden), self.embed_norm(ahead_embedding)], dim=-1))  # [B, L, d]
-        x = x + (self.mixer(self.mixer_norm(x)) if segments is None else self.mixer(self.mixer_norm(x), segments=segments))
+        x = x + (
+            self.mixer(self.mixer_norm(x)) if segments is None else self.mixer(self.mixer_norm(x), segments=segments)
+        )
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -64,9 +68,16 @@ def mtp_spec(last: LayerSpec, n_layers: int, depth: int) -> LayerSpec:
     return dataclasses.replace(last, index=n_layers + depth - 1)
 
 
-def mtp_losses(depths: nn.ModuleList, embed: nn.Embedding, final_norm: nn.Module, head: nn.Module,
-               hidden: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor,
-               segments: Optional[Segments] = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def mtp_losses(
+    depths: nn.ModuleList,
+    embed: nn.Embedding,
+    final_norm: nn.Module,
+    head: nn.Module,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    targets: torch.Tensor,
+    segments: Optional[Segments] = None,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per depth k: (summed cross-entropy, scored tokens) of predicting ``targets`` shifted by k.
 
     ``hidden [B, T, d]``: the backbone's hidden states as its head reads them; ``input_ids``, ``targets``

@@ -75,12 +75,16 @@ class Registry:
         from components.config import ComponentConfig
 
         if not issubclass(config_cls, ComponentConfig):
-            raise TypeError(f"{self.family} '{name}': config {config_cls.__name__} must subclass components.config.ComponentConfig")
+            raise TypeError(
+                f"{self.family} '{name}': config {config_cls.__name__} must subclass components.config.ComponentConfig"
+            )
 
         def decorator(cls: type) -> type:
             base = self.base_class()
             if base is not None and not (isinstance(cls, type) and issubclass(cls, base)):
-                raise TypeError(f"{self.family} '{name}': {getattr(cls, '__name__', cls)} must subclass {base.__module__}.{base.__name__} (the {self.family} contract)")
+                raise TypeError(
+                    f"{self.family} '{name}': {getattr(cls, '__name__', cls)} must subclass {base.__module__}.{base.__name__} (the {self.family} contract)"
+                )
             if name in self._entries and self._entries[name].cls is not cls:
                 raise KeyError(f"{self.family} '{name}' is registered twice")
             doc = (cls.__doc__ or "").strip().splitlines()
@@ -122,7 +126,9 @@ class Registry:
     def get(self, name: str, key: str | None = None) -> Entry:
         self.discover()
         if name not in self._entries:
-            raise ConfigError(key or f"{self.group}.name", unknown_choice_message(self.family, name, list(self._entries)))
+            raise ConfigError(
+                key or f"{self.group}.name", unknown_choice_message(self.family, name, list(self._entries))
+            )
         return self._entries[name]
 
     def build(self, cfg: Any, *args: Any, key: str | None = None, **kwargs: Any) -> Any:

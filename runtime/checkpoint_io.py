@@ -35,7 +35,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if os.path.exists(tmp):
                 os.remove(tmp)
 
-    def load_checkpoint(self, path: str, map_location: Optional[Callable] = lambda storage, loc: storage, weights_only: Optional[bool] = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self,
+        path: str,
+        map_location: Optional[Callable] = lambda storage, loc: storage,
+        weights_only: Optional[bool] = None,
+    ) -> dict[str, Any]:
         return load_checkpoint_file(str(path), map_location)
 
 
@@ -46,12 +51,16 @@ def check_sharded_checkpoint(path: str) -> dict[str, Any]:
 
     meta_file = os.path.join(path, "meta.pt")
     if not os.path.isfile(meta_file) or not os.path.isfile(os.path.join(path, ".metadata")):
-        raise CorruptCheckpointError(f"checkpoint {path} is incomplete: a sharded checkpoint folder needs meta.pt and .metadata")
+        raise CorruptCheckpointError(
+            f"checkpoint {path} is incomplete: a sharded checkpoint folder needs meta.pt and .metadata"
+        )
     try:
         state = torch.load(meta_file, map_location="cpu", weights_only=True)
         index = FileSystemReader(path).read_metadata()
     except Exception as err:
-        raise CorruptCheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt): {type(err).__name__}: {err}") from None
+        raise CorruptCheckpointError(
+            f"checkpoint {path} is unreadable (truncated or corrupt): {type(err).__name__}: {err}"
+        ) from None
     needed: dict[str, int] = {}
     for info in (index.storage_data or {}).values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
@@ -72,4 +81,6 @@ def load_checkpoint_file(path: str, map_location: Any = "cpu") -> dict[str, Any]
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises several types for a damaged zip archive
-        raise CorruptCheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt): {type(err).__name__}: {err}") from None
+        raise CorruptCheckpointError(
+            f"checkpoint {path} is unreadable (truncated or corrupt): {type(err).__name__}: {err}"
+        ) from None

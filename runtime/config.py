@@ -18,8 +18,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from components.config import DecoderConfig, ModelConfig
-from components.ops.backend import interpreting
 from components.hf.checkpoint import is_checkpoint_folder
+from components.ops.backend import interpreting
 from components.registry import FAMILIES, ConfigError, closest
 
 
@@ -124,7 +124,9 @@ class RootConfig:
 
     def decoder_config(self) -> DecoderConfig:
         """The model part of this run, checked (``components.model.Decoder(root.decoder_config())``)."""
-        return DecoderConfig.build(self.model, {"mixer": self.mixer, **self.mixers}, {"ffn": self.ffn, **self.ffns}, self.residual)
+        return DecoderConfig.build(
+            self.model, {"mixer": self.mixer, **self.mixers}, {"ffn": self.ffn, **self.ffns}, self.residual
+        )
 
 
 ALLOWED = {
@@ -139,7 +141,14 @@ ALLOWED = {
 PROFILERS = ("simple", "advanced", "pytorch")  # trainer.profiler, besides null
 
 # the config groups whose nodes select a registry member, with the root keys that hold them
-COMPONENT_KEYS = (("mixer", "mixer"), ("ffn", "ffn"), ("residual", "residual"), ("balancer", "balancer"), ("data", "data"), ("optimizer", "optimizer"))
+COMPONENT_KEYS = (
+    ("mixer", "mixer"),
+    ("ffn", "ffn"),
+    ("residual", "residual"),
+    ("balancer", "balancer"),
+    ("data", "data"),
+    ("optimizer", "optimizer"),
+)
 
 
 def register_root_schemas() -> None:
@@ -163,12 +172,18 @@ def check(condition: bool, key: str, message: str) -> None:
 def _check_component_node(node: Any, group: str, key: str) -> None:
     registry = FAMILIES[group]
     if not isinstance(node, DictConfig) or "name" not in node:
-        raise ConfigError(key, f"no {registry.family} chosen; pick one of {', '.join(registry.names())} (e.g. {group}={registry.names()[0]})")
+        raise ConfigError(
+            key,
+            f"no {registry.family} chosen; pick one of {', '.join(registry.names())} (e.g. {group}={registry.names()[0]})",
+        )
     name = node.name
     entry = registry.get(name, key=f"{key}.name")
     node_type = OmegaConf.get_type(node)
     if node_type is not entry.config_cls:
-        raise ConfigError(key, f"{registry.family} '{name}' must be composed with its schema {entry.config_cls.__name__} (conf/{group}/{name}.yaml lists `{name}_schema` in its defaults), got {getattr(node_type, '__name__', node_type)}")
+        raise ConfigError(
+            key,
+            f"{registry.family} '{name}' must be composed with its schema {entry.config_cls.__name__} (conf/{group}/{name}.yaml lists `{name}_schema` in its defaults), got {getattr(node_type, '__name__', node_type)}",
+        )
 
 
 def check_known_keys(node: Any, key: str = "") -> None:
@@ -184,7 +199,10 @@ def check_known_keys(node: Any, key: str = "") -> None:
                 allowed = ", ".join(sorted(fields))
                 guess = closest(str(k), list(fields))
                 hint = f" Did you mean '{guess}'?" if guess else ""
-                raise ConfigError(f"{key}.{k}" if key else str(k), f"unknown key '{k}' in {where} ({schema.__name__}); allowed keys: {allowed}.{hint}")
+                raise ConfigError(
+                    f"{key}.{k}" if key else str(k),
+                    f"unknown key '{k}' in {where} ({schema.__name__}); allowed keys: {allowed}.{hint}",
+                )
     for k in node.keys():
         child = node._get_node(k)
         if isinstance(child, DictConfig):
@@ -203,7 +221,9 @@ def complete_data(cfg: DictConfig) -> None:
         try:
             complete(node, "data")
         except OmegaConfBaseException as err:
-            raise ConfigError(getattr(err, "full_key", "") or "data", str(getattr(err, "msg", err)).strip().splitlines()[0]) from None
+            raise ConfigError(
+                getattr(err, "full_key", "") or "data", str(getattr(err, "msg", err)).strip().splitlines()[0]
+            ) from None
 
 
 def validate(cfg: DictConfig) -> RootConfig:
@@ -216,13 +236,19 @@ def validate(cfg: DictConfig) -> RootConfig:
     for slot, node in (cfg.get("ffns") or {}).items():
         _check_component_node(node, "ffn", f"ffns.{slot}")
     for name, node in (cfg.get("callbacks") or {}).items():
-        check(isinstance(node, DictConfig) and "_target_" in node, f"callbacks.{name}", "must be a node with a `_target_` class path (a Lightning callback) and its arguments")
+        check(
+            isinstance(node, DictConfig) and "_target_" in node,
+            f"callbacks.{name}",
+            "must be a node with a `_target_` class path (a Lightning callback) and its arguments",
+        )
 
     complete_data(cfg)
     try:
         root: RootConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except OmegaConfBaseException as err:
-        raise ConfigError(getattr(err, "full_key", "") or "", str(getattr(err, "msg", err)).strip().splitlines()[0]) from None
+        raise ConfigError(
+            getattr(err, "full_key", "") or "", str(getattr(err, "msg", err)).strip().splitlines()[0]
+        ) from None
 
     for key, allowed in ALLOWED.items():
         section, attr = key.split(".")
@@ -230,22 +256,66 @@ def validate(cfg: DictConfig) -> RootConfig:
         check(value in allowed, key, f"'{value}' is not allowed; choose one of {', '.join(allowed)}")
 
     t = root.trainer
-    check(t.max_steps is not None or t.max_tokens is not None, "trainer.max_steps", "how long to train is unset: give trainer.max_steps (optimizer steps) or trainer.max_tokens (a token budget)")
-    check(t.max_steps is None or t.max_steps > 0, "trainer.max_steps", f"must be positive (or null, to train trainer.max_tokens tokens), got {t.max_steps}")
-    check(t.max_tokens is None or t.max_tokens > 0, "trainer.max_tokens", f"must be positive (or null), got {t.max_tokens}")
-    check(t.max_time_minutes is None or t.max_time_minutes > 0, "trainer.max_time_minutes", f"must be positive (or null: no time guard), got {t.max_time_minutes}")
-    check(t.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches", f"must be >= 1, got {t.accumulate_grad_batches}")
+    check(
+        t.max_steps is not None or t.max_tokens is not None,
+        "trainer.max_steps",
+        "how long to train is unset: give trainer.max_steps (optimizer steps) or trainer.max_tokens (a token budget)",
+    )
+    check(
+        t.max_steps is None or t.max_steps > 0,
+        "trainer.max_steps",
+        f"must be positive (or null, to train trainer.max_tokens tokens), got {t.max_steps}",
+    )
+    check(
+        t.max_tokens is None or t.max_tokens > 0,
+        "trainer.max_tokens",
+        f"must be positive (or null), got {t.max_tokens}",
+    )
+    check(
+        t.max_time_minutes is None or t.max_time_minutes > 0,
+        "trainer.max_time_minutes",
+        f"must be positive (or null: no time guard), got {t.max_time_minutes}",
+    )
+    check(
+        t.accumulate_grad_batches >= 1,
+        "trainer.accumulate_grad_batches",
+        f"must be >= 1, got {t.accumulate_grad_batches}",
+    )
     check(t.val_check_interval > 0, "trainer.val_check_interval", f"must be positive, got {t.val_check_interval}")
-    check(t.checkpoint_every_n_steps > 0, "trainer.checkpoint_every_n_steps", f"must be positive, got {t.checkpoint_every_n_steps}")
-    check(t.keep_last_checkpoints is None or t.keep_last_checkpoints >= 1, "trainer.keep_last_checkpoints", f"must be at least 1 (or null: keep every checkpoint), got {t.keep_last_checkpoints}")
+    check(
+        t.checkpoint_every_n_steps > 0,
+        "trainer.checkpoint_every_n_steps",
+        f"must be positive, got {t.checkpoint_every_n_steps}",
+    )
+    check(
+        t.keep_last_checkpoints is None or t.keep_last_checkpoints >= 1,
+        "trainer.keep_last_checkpoints",
+        f"must be at least 1 (or null: keep every checkpoint), got {t.keep_last_checkpoints}",
+    )
     check(t.num_nodes >= 1, "trainer.num_nodes", f"must be >= 1, got {t.num_nodes}")
-    devices_ok = t.devices == "auto" or (isinstance(t.devices, int) and t.devices >= 1) or (isinstance(t.devices, list) and len(t.devices) > 0)
-    check(devices_ok, "trainer.devices", f"must be a positive number of processes per node, a list of device indices or 'auto', got {t.devices!r}")
+    devices_ok = (
+        t.devices == "auto"
+        or (isinstance(t.devices, int) and t.devices >= 1)
+        or (isinstance(t.devices, list) and len(t.devices) > 0)
+    )
+    check(
+        devices_ok,
+        "trainer.devices",
+        f"must be a positive number of processes per node, a list of device indices or 'auto', got {t.devices!r}",
+    )
     check(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", f"must be >= 1, got {t.max_skipped_steps}")
-    check(t.profiler is None or t.profiler in PROFILERS, "trainer.profiler", f"'{t.profiler}' is not allowed; choose one of null, {', '.join(PROFILERS)}")
+    check(
+        t.profiler is None or t.profiler in PROFILERS,
+        "trainer.profiler",
+        f"'{t.profiler}' is not allowed; choose one of null, {', '.join(PROFILERS)}",
+    )
     if t.strategy == "fsdp2":
         fsdp2_precisions = ("32-true", "32", "bf16-mixed", "bf16-true")
-        check(t.precision in fsdp2_precisions, "trainer.precision", f"'{t.precision}' is not supported with trainer.strategy=fsdp2; choose one of {', '.join(fsdp2_precisions)}")
+        check(
+            t.precision in fsdp2_precisions,
+            "trainer.precision",
+            f"'{t.precision}' is not supported with trainer.strategy=fsdp2; choose one of {', '.join(fsdp2_precisions)}",
+        )
 
     branch_checkpoint(root)  # raises for a missing run folder or step
     if root.init_from is not None and root.ckpt_path is None and is_checkpoint_folder(root.init_from):
@@ -257,7 +327,11 @@ def validate(cfg: DictConfig) -> RootConfig:
     ranks = data_parallel_ranks(t)
     batch = root.data.batch_size
     if ranks:
-        check(batch % ranks == 0, "data.batch_size", f"{batch} rows cannot be split evenly over the {ranks} data-parallel ranks (trainer.devices x trainer.num_nodes); use a multiple of {ranks}")
+        check(
+            batch % ranks == 0,
+            "data.batch_size",
+            f"{batch} rows cannot be split evenly over the {ranks} data-parallel ranks (trainer.devices x trainer.num_nodes); use a multiple of {ranks}",
+        )
     return root
 
 
@@ -274,8 +348,11 @@ def check_weights_fit(folder: str, root: RootConfig) -> None:
     try:
         check_weights(folder, model)
     except (WeightsMismatch, ValueError) as err:
-        raise ConfigError("init_from", f"{err}; compose the model the folder holds (its config.json, or its "
-                          "k3_sandbox section for a folder this project exported)") from None
+        raise ConfigError(
+            "init_from",
+            f"{err}; compose the model the folder holds (its config.json, or its "
+            "k3_sandbox section for a folder this project exported)",
+        ) from None
 
 
 def branch_checkpoint(root: RootConfig) -> Optional[str]:
@@ -287,17 +364,41 @@ def branch_checkpoint(root: RootConfig) -> Optional[str]:
     if root.init_from is None:
         check(root.init_step is None, "init_step", "needs init_from (the run folder to branch from)")
         return None
-    check(root.ckpt_path in (None, "last"), "init_from", f"a run either branches (init_from) or resumes a checkpoint (ckpt_path={root.ckpt_path}), not both; ckpt_path=last resumes a branch")
+    check(
+        root.ckpt_path in (None, "last"),
+        "init_from",
+        f"a run either branches (init_from) or resumes a checkpoint (ckpt_path={root.ckpt_path}), not both; ckpt_path=last resumes a branch",
+    )
     path = root.init_from
     if is_checkpoint_folder(path):
-        check(root.init_step is None, "init_step", f"init_from={path} is a folder of exported weights; init_step applies to a run folder")
+        check(
+            root.init_step is None,
+            "init_step",
+            f"init_from={path} is a folder of exported weights; init_step applies to a run folder",
+        )
         return None  # weights only: the run starts at step 0 (runtime/run.py loads them)
     if os.path.isfile(path) or os.path.isfile(os.path.join(path, ".metadata")):
-        check(root.init_step is None, "init_step", f"init_from={path} is a checkpoint already; init_step applies to a run folder")
+        check(
+            root.init_step is None,
+            "init_step",
+            f"init_from={path} is a checkpoint already; init_step applies to a run folder",
+        )
         return path
-    check(os.path.isdir(os.path.join(path, "checkpoints")), "init_from", f"{path} is neither a checkpoint, a run folder (no checkpoints/ in it) nor a folder of exported weights (config.json beside model.safetensors)")
-    steps = sorted(int(n[5:-5]) for n in os.listdir(os.path.join(path, "checkpoints")) if n.startswith("step=") and n.endswith(".ckpt"))
-    check(root.init_step is not None, "init_step", f"init_from={path} is a run folder: name the step to branch at (checkpoints at steps {steps})")
+    check(
+        os.path.isdir(os.path.join(path, "checkpoints")),
+        "init_from",
+        f"{path} is neither a checkpoint, a run folder (no checkpoints/ in it) nor a folder of exported weights (config.json beside model.safetensors)",
+    )
+    steps = sorted(
+        int(n[5:-5])
+        for n in os.listdir(os.path.join(path, "checkpoints"))
+        if n.startswith("step=") and n.endswith(".ckpt")
+    )
+    check(
+        root.init_step is not None,
+        "init_step",
+        f"init_from={path} is a run folder: name the step to branch at (checkpoints at steps {steps})",
+    )
     ckpt = os.path.join(path, "checkpoints", f"step={root.init_step}.ckpt")
     check(os.path.exists(ckpt), "init_step", f"{path} has no checkpoint at step {root.init_step}; it has steps {steps}")
     return ckpt
@@ -340,7 +441,10 @@ def check_kernel_backends(root: RootConfig) -> None:
     for key, comp in component_configs(root):
         for name, choice in comp.kernel_backends().items():
             if choice == "fla" or (choice == "triton" and not interpreting()):
-                raise ConfigError(f"{key}.{name}", f"'{choice}' is a CUDA (Triton) kernel and this run is on CPU (trainer.accelerator=cpu); use 'torch' or 'auto'")
+                raise ConfigError(
+                    f"{key}.{name}",
+                    f"'{choice}' is a CUDA (Triton) kernel and this run is on CPU (trainer.accelerator=cpu); use 'torch' or 'auto'",
+                )
 
 
 def data_parallel_ranks(t: TrainerConfig) -> Optional[int]:
@@ -356,7 +460,12 @@ def component_configs(root: RootConfig) -> list[tuple[str, Any]]:
     items: list[tuple[str, Any]] = [("mixer", root.mixer), ("ffn", root.ffn)]
     items += [(f"mixers.{k}", v) for k, v in root.mixers.items()]
     items += [(f"ffns.{k}", v) for k, v in root.ffns.items()]
-    items += [("residual", root.residual), ("balancer", root.balancer), ("data", root.data), ("optimizer", root.optimizer)]
+    items += [
+        ("residual", root.residual),
+        ("balancer", root.balancer),
+        ("data", root.data),
+        ("optimizer", root.optimizer),
+    ]
     return items
 
 

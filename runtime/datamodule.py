@@ -85,10 +85,16 @@ class TokenDataModule(L.LightningDataModule):
     # each loader gets its own generator: starting a loader draws a seed, and drawing it from the global
     # one would shift the model's random stream by a draw after a resume restores it
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(TrainStream(self.dataset, self._position, self._rank_slice()), batch_size=None, generator=torch.Generator())
+        return DataLoader(
+            TrainStream(self.dataset, self._position, self._rank_slice()), batch_size=None, generator=torch.Generator()
+        )
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(ValSet(self.dataset, self._rank_slice(), self.limit_val_batches), batch_size=None, generator=torch.Generator())
+        return DataLoader(
+            ValSet(self.dataset, self._rank_slice(), self.limit_val_batches),
+            batch_size=None,
+            generator=torch.Generator(),
+        )
 
     # batches consumed = optimizer steps * accumulation: checkpoints are only written between steps
     def state_dict(self) -> dict[str, Any]:

@@ -22,9 +22,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from components.registry import FAMILIES, ConfigError, unknown_choice_message
 from runtime import handoff
-from runtime.sweep_job import split_override
 from runtime.launch_env import agreed_run_dir
 from runtime.memory_check import check_fits
+from runtime.sweep_job import split_override
 
 # flags that only print information: no pre-validation, Hydra handles them
 INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc", "--version"}
@@ -150,7 +150,10 @@ def _check_launcher(cfg_with_hydra: DictConfig) -> None:
         raise ConfigError(key, str(getattr(err, "msg", err)).strip().splitlines()[0]) from None
     for key in ("nodes", "tasks_per_node"):
         if key in values and not (isinstance(values[key], int) and values[key] >= 1):
-            raise ConfigError(f"hydra.launcher.{key}", f"must be a positive number, got {values[key]!r} (the SLURM launcher takes it from trainer.num_nodes / trainer.devices: give trainer.devices as a number)")
+            raise ConfigError(
+                f"hydra.launcher.{key}",
+                f"must be a positive number, got {values[key]!r} (the SLURM launcher takes it from trainer.num_nodes / trainer.devices: give trainer.devices as a number)",
+            )
 
 
 def swept_keys(overrides: list[str]) -> list[str]:
@@ -196,7 +199,11 @@ def resolve_run_dir(root: Any) -> Path:
 
     base = Path(root.output_root) / (root.name or f"{default_run_name(root)}-{config_fingerprint(root)}")
     # the run's folders so far: base, base-2, base-3, ... (consecutive)
-    existing = list(itertools.takewhile(Path.exists, (base.with_name(f"{base.name}-{i}") if i > 1 else base for i in itertools.count(1))))
+    existing = list(
+        itertools.takewhile(
+            Path.exists, (base.with_name(f"{base.name}-{i}") if i > 1 else base for i in itertools.count(1))
+        )
+    )
     if root.ckpt_path == "last":
         resumable = [p for p in existing if _has_checkpoint(p)]
         if resumable:
@@ -205,7 +212,10 @@ def resolve_run_dir(root: Any) -> Path:
         ckpt = Path(root.ckpt_path)
         sharded = ckpt.is_dir() and (ckpt / ".metadata").is_file()  # an FSDP2 checkpoint folder
         if not (ckpt.is_file() or sharded):
-            raise ConfigError("ckpt_path", f"checkpoint not found: {root.ckpt_path} (use a .ckpt file or sharded .ckpt folder, 'last' or null)")
+            raise ConfigError(
+                "ckpt_path",
+                f"checkpoint not found: {root.ckpt_path} (use a .ckpt file or sharded .ckpt folder, 'last' or null)",
+            )
         if ckpt.resolve().parent.name == "checkpoints":
             return ckpt.resolve().parent.parent  # continue in the run folder the checkpoint belongs to
     empty = [p for p in existing if not any(p.iterdir())]

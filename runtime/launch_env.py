@@ -52,7 +52,9 @@ def _process_started_at() -> float:
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         ticks_after_boot = int(fields[19])  # field 22 of stat(5), counted from field 3 here
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+        boot = next(
+            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
+        )
         return boot + ticks_after_boot / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return _IMPORTED_AT
@@ -68,7 +70,12 @@ def detect_external_launch(env: Mapping[str, str] = os.environ) -> Optional[Exte
         launcher = "torchrun"
         rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
         # the restart count separates torchrun's restarts of the same launch
-        parts = [env["TORCHELASTIC_RUN_ID"], env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", ""), env.get("TORCHELASTIC_RESTART_COUNT", "0")]
+        parts = [
+            env["TORCHELASTIC_RUN_ID"],
+            env.get("MASTER_ADDR", ""),
+            env.get("MASTER_PORT", ""),
+            env.get("TORCHELASTIC_RESTART_COUNT", "0"),
+        ]
     elif "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in SLURM_INTERACTIVE_JOB_NAMES:
         launcher = "slurm"
         rank, world = int(env.get("SLURM_PROCID", "0")), int(env["SLURM_NTASKS"])
@@ -85,7 +92,16 @@ def publish(path: Path, run_dir: Path, launch: ExternalLaunch) -> None:
     """Write the record atomically (readers never see half a file); rank 0 removes it at exit."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"run_dir": str(run_dir), "launch_id": launch.launch_id, "world_size": launch.world_size, "written_at": time.time()}))
+    tmp.write_text(
+        json.dumps(
+            {
+                "run_dir": str(run_dir),
+                "launch_id": launch.launch_id,
+                "world_size": launch.world_size,
+                "written_at": time.time(),
+            }
+        )
+    )
     os.replace(tmp, path)
     # every other rank has read it once training runs (collectives need all ranks), so a later launch
     # that reuses the id cannot find it
@@ -99,7 +115,9 @@ def _read_record(path: Path) -> Optional[dict]:
         return None
 
 
-def wait_for_record(path: Path, launch: ExternalLaunch, timeout_s: float = WAIT_TIMEOUT_S, poll_s: float = POLL_S) -> Path:
+def wait_for_record(
+    path: Path, launch: ExternalLaunch, timeout_s: float = WAIT_TIMEOUT_S, poll_s: float = POLL_S
+) -> Path:
     """The run folder rank 0 published for this launch; TimeoutError naming the record if none comes."""
     deadline = time.monotonic() + timeout_s
     stale: Optional[dict] = None
@@ -115,16 +133,25 @@ def wait_for_record(path: Path, launch: ExternalLaunch, timeout_s: float = WAIT_
     where = f"rank {launch.rank} of {launch.world_size} ({launch.launcher} launch {launch.launch_id})"
     if stale is not None:
         age = launch.started_at - stale.get("written_at", 0.0)
-        detail = (f"{path} holds a record written {age:.0f} s before this process started (run folder {stale.get('run_dir')}), "
-                  f"left by an earlier launch with the same id; delete it, or give the launch a unique id (torchrun --rdzv-id)")
+        detail = (
+            f"{path} holds a record written {age:.0f} s before this process started (run folder {stale.get('run_dir')}), "
+            f"left by an earlier launch with the same id; delete it, or give the launch a unique id (torchrun --rdzv-id)"
+        )
     else:
-        detail = (f"rank 0 did not publish {path}; check that rank 0 is running the same command "
-                  f"and that output_root is on a filesystem every node shares")
+        detail = (
+            f"rank 0 did not publish {path}; check that rank 0 is running the same command "
+            f"and that output_root is on a filesystem every node shares"
+        )
     raise TimeoutError(f"{where} waited {timeout_s:.0f} s for the run folder: {detail}")
 
 
-def agreed_run_dir(output_root: str | Path, resolve: Callable[[], Path], launch: Optional[ExternalLaunch] = None,
-                   timeout_s: float = WAIT_TIMEOUT_S, poll_s: float = POLL_S) -> Path:
+def agreed_run_dir(
+    output_root: str | Path,
+    resolve: Callable[[], Path],
+    launch: Optional[ExternalLaunch] = None,
+    timeout_s: float = WAIT_TIMEOUT_S,
+    poll_s: float = POLL_S,
+) -> Path:
     """``resolve()`` for a single process; for a multi-process launch, rank 0's answer on every rank.
 
     Every rank calls ``resolve()`` so that a bad setting (a missing ``ckpt_path``) fails on each rank

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_warn
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 
 from components.balancers.load_stats import bias_rank_divergence, find_routers
 from components.data.base import IGNORE_INDEX, TokenDataset
@@ -71,7 +71,9 @@ class LanguageModelModule(L.LightningModule):
 
         mesh = self.device_mesh["data_parallel"]
         # fully_shard replaces parameters by sharded ones; carry the markers the optimizer reads
-        markers = {name: p._no_weight_decay for name, p in self.model.named_parameters() if hasattr(p, "_no_weight_decay")}
+        markers = {
+            name: p._no_weight_decay for name, p in self.model.named_parameters() if hasattr(p, "_no_weight_decay")
+        }
         for layer in self.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(self.model, mesh=mesh)  # embedding, head, final norm, residual-scheme weights
@@ -95,7 +97,9 @@ class LanguageModelModule(L.LightningModule):
 
     def _token_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # cross-entropy in fp32 whatever the activation dtype
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none").view_as(targets)
+        return F.cross_entropy(
+            logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+        ).view_as(targets)
 
     def _segments(self, x: torch.Tensor) -> Optional[Segments]:
         """With ``data.document_masking``: the batch's documents (the end-of-document token begins the next)."""
@@ -126,7 +130,9 @@ class LanguageModelModule(L.LightningModule):
         self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
         return total
 
-    def _mtp_loss(self, h: torch.Tensor, x: torch.Tensor, y: torch.Tensor, segments: Optional[Segments]) -> torch.Tensor:
+    def _mtp_loss(
+        self, h: torch.Tensor, x: torch.Tensor, y: torch.Tensor, segments: Optional[Segments]
+    ) -> torch.Tensor:
         """``model.mtp_weight`` x the mean over MTP depths of their token-mean cross-entropies (each
         normalised over the data-parallel micro-batch like the main loss); logs each depth's loss."""
         terms, losses = [], []
@@ -172,7 +178,11 @@ class LanguageModelModule(L.LightningModule):
                 p.grad = None  # the optimizers leave parameters without gradients untouched
             self.log("train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
             return
-        hint = f" ({self.skipped_in_a_row} steps skipped in a row, trainer.max_skipped_steps={t.max_skipped_steps})" if t.on_nonfinite == "skip" else ""
+        hint = (
+            f" ({self.skipped_in_a_row} steps skipped in a row, trainer.max_skipped_steps={t.max_skipped_steps})"
+            if t.on_nonfinite == "skip"
+            else ""
+        )
         raise NonFiniteTrainingError(
             f"non-finite {what} at optimizer step {step}{hint}: training stopped before the update; "
             f"the last checkpoint (at or before step {self.global_step}) is intact. Lower optimizer.lr, "
@@ -210,7 +220,9 @@ class LanguageModelModule(L.LightningModule):
 
         states = checkpoint.get("rng_states")
         if states and not rng_state.restore_for_rank(states, self.global_rank):
-            rank_zero_warn(f"checkpoint holds RNG states of {len(states)} ranks, this run has {world_size()}: generators start from the seed")
+            rank_zero_warn(
+                f"checkpoint holds RNG states of {len(states)} ranks, this run has {world_size()}: generators start from the seed"
+            )
         self.skipped_steps, self.skipped_in_a_row = checkpoint.get("nonfinite_skipped_steps", [0, 0])
 
     # -- validation -----------------------------------------------------------------------------
@@ -234,7 +246,15 @@ class LanguageModelModule(L.LightningModule):
         metrics = self.dataset.finish_metrics({k: float(v) for k, v in zip(keys, stacked)})
         self.last_val_metrics = {k: float(v) for k, v in metrics.items()}
         for k, v in self.last_val_metrics.items():
-            self.log(f"val/{k}", v, on_step=False, on_epoch=True, prog_bar=k in ("loss", self.dataset.metric), sync_dist=False, rank_zero_only=True)
+            self.log(
+                f"val/{k}",
+                v,
+                on_step=False,
+                on_epoch=True,
+                prog_bar=k in ("loss", self.dataset.metric),
+                sync_dist=False,
+                rank_zero_only=True,
+            )
 
     # -- optimisation ---------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
@@ -243,15 +263,24 @@ class LanguageModelModule(L.LightningModule):
         total = self.cfg.trainer.max_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
-            lambda step: lr_lambda(step, o.warmup_steps, total, o.schedule, o.min_lr_ratio, o.decay_fraction, o.decay_shape),
+            lambda step: lr_lambda(
+                step, o.warmup_steps, total, o.schedule, o.min_lr_ratio, o.decay_fraction, o.decay_shape
+            ),
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: Optional[str] = None) -> None:
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: Optional[float] = None,
+        gradient_clip_algorithm: Optional[str] = None,
+    ) -> None:
         norm, self._grad_norm = self._grad_norm, None
         if not gradient_clip_val:
             return
         if norm is None or self.cfg.trainer.strategy == "fsdp2":  # sharded gradients: Lightning's own path
             self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm="norm")
             return
-        torch.nn.utils.clip_grads_with_norm_([p for p in self.parameters() if p.grad is not None], gradient_clip_val, norm)
+        torch.nn.utils.clip_grads_with_norm_(
+            [p for p in self.parameters() if p.grad is not None], gradient_clip_val, norm
+        )

@@ -27,7 +27,14 @@ from runtime.config import LoggerConfig, RootConfig, TrainerConfig
 
 CONFIG_KEY = "run_config"
 MODULE_PREFIX = "model."  # the training module holds the decoder as .model
-_COMPONENTS = {"mixer": "mixer", "ffn": "ffn", "residual": "residual", "balancer": "balancer", "data": "data", "optimizer": "optimizer"}
+_COMPONENTS = {
+    "mixer": "mixer",
+    "ffn": "ffn",
+    "residual": "residual",
+    "balancer": "balancer",
+    "data": "data",
+    "optimizer": "optimizer",
+}
 
 
 class RunLoadError(ValueError):
@@ -44,8 +51,12 @@ def config_from_container(data: dict) -> RootConfig:
     fields: dict[str, Any] = {}
     for key, group in _COMPONENTS.items():
         fields[key] = _typed(FAMILIES[group].get(data[key]["name"], key=f"{key}.name").config_cls, data[key])
-    fields["mixers"] = {slot: _typed(FAMILIES["mixer"].get(n["name"]).config_cls, n) for slot, n in (data.get("mixers") or {}).items()}
-    fields["ffns"] = {slot: _typed(FAMILIES["ffn"].get(n["name"]).config_cls, n) for slot, n in (data.get("ffns") or {}).items()}
+    fields["mixers"] = {
+        slot: _typed(FAMILIES["mixer"].get(n["name"]).config_cls, n) for slot, n in (data.get("mixers") or {}).items()
+    }
+    fields["ffns"] = {
+        slot: _typed(FAMILIES["ffn"].get(n["name"]).config_cls, n) for slot, n in (data.get("ffns") or {}).items()
+    }
     fields["model"] = _typed(ModelConfig, data["model"])
     fields["trainer"] = _typed(TrainerConfig, data["trainer"])
     fields["logger"] = _typed(LoggerConfig, data["logger"])
@@ -65,7 +76,9 @@ def resolve_checkpoint(path: str) -> str:
         return path  # an FSDP2 sharded checkpoint folder
     candidates = checkpoint_candidates(path)
     if not candidates:
-        raise RunLoadError(f"{path}: no checkpoint in {os.path.join(path, 'checkpoints')} (not a run folder, or it never saved one)")
+        raise RunLoadError(
+            f"{path}: no checkpoint in {os.path.join(path, 'checkpoints')} (not a run folder, or it never saved one)"
+        )
     for candidate in candidates:
         try:
             load_checkpoint_file(candidate)
@@ -86,11 +99,15 @@ def _sharded_model_state(ckpt_path: str, model: Decoder) -> dict[str, torch.Tens
             warnings.simplefilter("ignore", UserWarning)
             load({"state_dict": wanted}, storage_reader=FileSystemReader(ckpt_path))
     except Exception as err:  # a key or shape the folder's index does not have
-        raise RunLoadError(f"{ckpt_path}: its weights do not fit the model its config builds: {str(err).strip().splitlines()[-1]}") from None
+        raise RunLoadError(
+            f"{ckpt_path}: its weights do not fit the model its config builds: {str(err).strip().splitlines()[-1]}"
+        ) from None
     return wanted
 
 
-def load_run(path: str, device: str | torch.device = "cpu", dtype: Optional[torch.dtype] = None) -> tuple[RootConfig, Decoder]:
+def load_run(
+    path: str, device: str | torch.device = "cpu", dtype: Optional[torch.dtype] = None
+) -> tuple[RootConfig, Decoder]:
     """(the run's config, its trained model in eval mode on ``device``, in ``dtype`` if given)."""
     from components.hf.checkpoint import is_checkpoint_folder
 
@@ -103,15 +120,19 @@ def load_run(path: str, device: str | torch.device = "cpu", dtype: Optional[torc
     except CorruptCheckpointError as err:
         raise RunLoadError(str(err)) from None
     if CONFIG_KEY not in ckpt:
-        raise RunLoadError(f"{ckpt_path} holds no run config (written before checkpoints carried one); resume it once with ckpt_path to write a new checkpoint")
+        raise RunLoadError(
+            f"{ckpt_path} holds no run config (written before checkpoints carried one); resume it once with ckpt_path to write a new checkpoint"
+        )
     root = config_from_container(ckpt[CONFIG_KEY])
     model = Decoder(root.decoder_config())
     weights = _sharded_model_state(ckpt_path, model) if os.path.isdir(ckpt_path) else ckpt["state_dict"]
-    state = {k[len(MODULE_PREFIX):]: v for k, v in weights.items() if k.startswith(MODULE_PREFIX)}
+    state = {k[len(MODULE_PREFIX) :]: v for k, v in weights.items() if k.startswith(MODULE_PREFIX)}
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
-        raise RunLoadError(f"{ckpt_path}: its weights do not fit the model its config builds: {str(err).splitlines()[0]}") from None
+        raise RunLoadError(
+            f"{ckpt_path}: its weights do not fit the model its config builds: {str(err).splitlines()[0]}"
+        ) from None
     model = model.to(device=device)
     if dtype is not None:
         model = model.to(dtype=dtype)
@@ -125,9 +146,11 @@ def load_exported(folder: str) -> tuple[RootConfig, Decoder]:
 
     cfg = read_config(folder)
     if SANDBOX_KEY not in cfg:
-        raise RunLoadError(f"{os.path.join(folder, 'config.json')} has no '{SANDBOX_KEY}' section (not exported by this "
-                           "project), so it names no composed model: train from it with init_from=FOLDER and the "
-                           "overrides that compose its model (e.g. experiment=k3_full)")
+        raise RunLoadError(
+            f"{os.path.join(folder, 'config.json')} has no '{SANDBOX_KEY}' section (not exported by this "
+            "project), so it names no composed model: train from it with init_from=FOLDER and the "
+            "overrides that compose its model (e.g. experiment=k3_full)"
+        )
     root = config_from_container(cfg[SANDBOX_KEY])
     model = Decoder(root.decoder_config())
     try:
@@ -164,15 +187,18 @@ def load_tokenizer(path: str, root: RootConfig) -> TextTokenizer:
     if data.name in ("text", "code"):
         folder = data.folder()
         if not is_prepared(folder):
-            raise NoTokenizerError(f"the run's data ({data.name}) is not prepared on this machine ({folder}); train or prepare it here first")
+            raise NoTokenizerError(
+                f"the run's data ({data.name}) is not prepared on this machine ({folder}); train or prepare it here first"
+            )
     elif data.name == "memmap" and is_prepared(data.path):
         folder = data.path
     elif data.name == "mixture":
         folder = next(iter(data.sources.values()))["path"]
     else:
-        raise NoTokenizerError(f"the run's data ({data.name}) has no tokenizer (bare token files or synthetic data): nothing turns text into its tokens")
+        raise NoTokenizerError(
+            f"the run's data ({data.name}) has no tokenizer (bare token files or synthetic data): nothing turns text into its tokens"
+        )
     try:
         return PreparedFolder.open(folder).tokenizer
     except PreparedFolderError as err:
         raise NoTokenizerError(str(err)) from None
-

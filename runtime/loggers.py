@@ -9,7 +9,15 @@ from typing import Any
 from components.ffn.dense import GLUActivationConfig
 
 # the summary.json fields a finished run also writes into its W&B summary (analysis/wandb_source.py reads them)
-WANDB_SUMMARY_FIELDS = ("steps", "train_tokens", "tokens_per_s", "params", "active_params", "d_model", "decode_state_numbers")
+WANDB_SUMMARY_FIELDS = (
+    "steps",
+    "train_tokens",
+    "tokens_per_s",
+    "params",
+    "active_params",
+    "d_model",
+    "decode_state_numbers",
+)
 
 
 def component_tags(root: Any) -> list[str]:
@@ -89,10 +97,14 @@ def build_loggers(root: Any, run_dir: str, run_name: str, config_dict: dict, res
             try:
                 wandb_logger.experiment  # start the run now, so a failure is handled before training
             except Exception as err:  # wandb raises several types for network and auth failures
-                print(f"warning: W&B online run could not start ({type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}); recording it offline in {run_dir}/wandb instead (upload later with `wandb sync`)")
+                print(
+                    f"warning: W&B online run could not start ({type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}); recording it offline in {run_dir}/wandb instead (upload later with `wandb sync`)"
+                )
                 _finish_quietly()
                 os.environ["WANDB_MODE"] = "offline"  # also for any later wandb.init in this process
-                wandb_logger = SafeWandbLogger(offline=True, mode="offline", settings=_wandb_settings(lc.init_timeout_s), **kwargs)
+                wandb_logger = SafeWandbLogger(
+                    offline=True, mode="offline", settings=_wandb_settings(lc.init_timeout_s), **kwargs
+                )
         loggers.append(wandb_logger)
     return loggers, wandb_logger
 

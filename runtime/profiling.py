@@ -57,7 +57,11 @@ def build_profiler(trainer_cfg: Any, run_dir: str) -> Any:
         # no schedule given: Lightning's default (wait 1, warmup 1, active 3) is the one it shortens
         # safely for stages with fewer than 5 steps
         return PyTorchProfiler(
-            dirpath=dirpath, filename=filename, export_to_chrome=True,
-            record_shapes=False, profile_memory=False, with_stack=False,
+            dirpath=dirpath,
+            filename=filename,
+            export_to_chrome=True,
+            record_shapes=False,
+            profile_memory=False,
+            with_stack=False,
         )
     raise ValueError(f"trainer.profiler: unknown profiler '{choice}'")  # validate() refuses it earlier

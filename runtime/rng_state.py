@@ -21,7 +21,13 @@ def capture() -> dict[str, Any]:
     version, py_state, gauss = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
         "python": {"version": int(version), "state": torch.tensor(py_state, dtype=torch.int64), "gauss": gauss},
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():

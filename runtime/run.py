@@ -19,13 +19,12 @@ import re
 import time
 from typing import Any, Optional
 
-
-from runtime.config import RootConfig, branch_checkpoint, describe_length, to_container, training_steps
-from components.layer_plan import describe_plan
 from components.hf.checkpoint import import_weights
+from components.layer_plan import describe_plan
 from components.registry import DATASETS
 from runtime import handoff
 from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
+from runtime.config import RootConfig, branch_checkpoint, describe_length, to_container, training_steps
 
 
 def _read_json(path: str) -> dict:
@@ -200,7 +199,9 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     if trainer.is_global_zero:
         print(f"run folder: {run_dir}")
         print(f"data: {dataset.describe()}")
-        print(f"model: {model.num_params():,} parameters ({model.active_params():,} active per token), layers: {describe_plan(model.plan)}")
+        print(
+            f"model: {model.num_params():,} parameters ({model.active_params():,} active per token), layers: {describe_plan(model.plan)}"
+        )
         print(f"training: {length}")
         if ckpt:
             print(f"{'branching from' if branched else 'resuming from'} {ckpt}")
@@ -274,7 +275,8 @@ def format_summary(s: dict[str, Any], metric: str) -> str:
         "",
         f"== {s['name']} ==",
         f"steps {s['steps']}{steps_note(s)}, {s['train_tokens'] / 1e6:.2f}M tokens in {s['train_seconds'] / 60:.1f} min of training ({s['tokens_per_s']:,.0f} tokens/s)",
-        f"validation loss {val.get('loss', float('nan')):.4f}" + (f", {metric} {val[metric]:.4f}" if metric in val and metric != "loss" else ""),
+        f"validation loss {val.get('loss', float('nan')):.4f}"
+        + (f", {metric} {val[metric]:.4f}" if metric in val and metric != "loss" else ""),
     ]
     if s["baselines"]:
         base = ", ".join(f"{k} {v:.4f}" for k, v in s["baselines"].items())

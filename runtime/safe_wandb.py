@@ -20,7 +20,9 @@ class SafeWandbLogger(WandbLogger):
             return fn(*args, **kwargs)
         except Exception as err:  # network, quota, auth: none of them is worth a lost run
             self.broken = True
-            print(f"warning: W&B {what} failed ({type(err).__name__}: {err}); W&B logging is off for the rest of this run, metrics.jsonl has everything")
+            print(
+                f"warning: W&B {what} failed ({type(err).__name__}: {err}); W&B logging is off for the rest of this run, metrics.jsonl has everything"
+            )
             return None
 
     def log_metrics(self, metrics: Any, step: Any = None) -> None:

@@ -42,9 +42,20 @@ class SweepJob:
 
     def record(self, run_dir: str, status: str, summary: Optional[dict[str, Any]]) -> None:
         """Append this job's line to the sweep's index (one short write: safe for parallel launchers)."""
-        line = {"job": self.job_num, "run_dir": os.path.abspath(run_dir), "status": status, "overrides": self.overrides, "varied": self.varied}
+        line = {
+            "job": self.job_num,
+            "run_dir": os.path.abspath(run_dir),
+            "status": status,
+            "overrides": self.overrides,
+            "varied": self.varied,
+        }
         if summary is not None:
-            line.update({k: summary.get(k) for k in ("name", "steps", "train_tokens", "tokens_per_s", "params", "active_params", "val")})
+            line.update(
+                {
+                    k: summary.get(k)
+                    for k in ("name", "steps", "train_tokens", "tokens_per_s", "params", "active_params", "val")
+                }
+            )
         os.makedirs(self.sweep_dir, exist_ok=True)
         with open(os.path.join(self.sweep_dir, INDEX_FILE), "a") as f:
             f.write(json.dumps(line) + "\n")

@@ -48,9 +48,16 @@ REPO = STUDIES.parent
 # --smoke: every study at a test-suite scale (a tiny model, two steps, no W&B); a study's own `smoke:`
 # list is applied after this and wins for the keys it repeats
 SMOKE = [
-    "model=tiny", "data.seq_len=64", "data.batch_size=4", "data.val_tokens=1024", "trainer.max_steps=2",
-    "trainer.val_check_interval=2", "trainer.max_time_minutes=null", "trainer.compile=false",
-    "trainer.enable_progress_bar=false", "logger=csv",
+    "model=tiny",
+    "data.seq_len=64",
+    "data.batch_size=4",
+    "data.val_tokens=1024",
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=2",
+    "trainer.max_time_minutes=null",
+    "trainer.compile=false",
+    "trainer.enable_progress_bar=false",
+    "logger=csv",
 ]
 
 
@@ -66,19 +73,30 @@ def load_study(name: str) -> dict[str, Any]:
     allowed = ("description", "points", "grid", "search", "seeds", "overrides", "smoke", "compare_at")
     unknown = set(study) - set(allowed)
     if unknown:
-        raise SystemExit(f"error: {path.name}: unknown keys {', '.join(sorted(unknown))}; allowed: {', '.join(allowed)}")
+        raise SystemExit(
+            f"error: {path.name}: unknown keys {', '.join(sorted(unknown))}; allowed: {', '.join(allowed)}"
+        )
     search = study.get("search")
     if search is not None:
         bad = set(search) - set(SEARCH_KEYS)
         if bad or not search.get("params"):
-            raise SystemExit(f"error: {path.name}: search needs 'params' and takes only {', '.join(SEARCH_KEYS)}" + (f" (unknown: {', '.join(sorted(bad))})" if bad else ""))
+            raise SystemExit(
+                f"error: {path.name}: search needs 'params' and takes only {', '.join(SEARCH_KEYS)}"
+                + (f" (unknown: {', '.join(sorted(bad))})" if bad else "")
+            )
         if study.get("grid"):
-            raise SystemExit(f"error: {path.name}: 'grid' and 'search' cannot be combined (put fixed choices in points)")
+            raise SystemExit(
+                f"error: {path.name}: 'grid' and 'search' cannot be combined (put fixed choices in points)"
+            )
         if len(study.get("seeds") or [0]) > 1:
-            raise SystemExit(f"error: {path.name}: 'seeds' must list one seed in a search study (Optuna would search over the seed)")
+            raise SystemExit(
+                f"error: {path.name}: 'seeds' must list one seed in a search study (Optuna would search over the seed)"
+            )
         study.setdefault("points", {"search": []})
         if len(study["points"]) > 1:
-            raise SystemExit(f"error: {path.name}: a search study has one point (each point's search would overwrite the sweep folder's optimization_results.yaml)")
+            raise SystemExit(
+                f"error: {path.name}: a search study has one point (each point's search would overwrite the sweep folder's optimization_results.yaml)"
+            )
     if not study.get("points"):
         raise SystemExit(f"error: {path.name}: 'points' must name at least one override set")
     if study.setdefault("compare_at", "tokens") not in ("tokens", "time"):
@@ -104,7 +122,9 @@ def search_overrides(search: dict[str, Any]) -> list[str]:
     ]
 
 
-def commands(name: str, study: dict[str, Any], extra: list[str], smoke: bool, sweep_dir: Path) -> list[tuple[str, list[str]]]:
+def commands(
+    name: str, study: dict[str, Any], extra: list[str], smoke: bool, sweep_dir: Path
+) -> list[tuple[str, list[str]]]:
     """(point, train.py argv) for every point of the study."""
     grid = [f"{k}={v}" for k, v in (study.get("grid") or {}).items()]
     if study.get("search"):
@@ -121,7 +141,12 @@ def commands(name: str, study: dict[str, Any], extra: list[str], smoke: bool, sw
         merged: dict[str, str] = {}  # one override per key, the last one given wins
         for o in [*overrides, *grid, *seed_axis, *fixed, *extra]:
             merged[split_override(o)[0]] = o
-        argv = ["-m", *merged.values(), f"hydra.sweep.dir={sweep_dir}", f"hydra.sweep.subdir={point}/${{hydra.job.num}}"]
+        argv = [
+            "-m",
+            *merged.values(),
+            f"hydra.sweep.dir={sweep_dir}",
+            f"hydra.sweep.subdir={point}/${{hydra.job.num}}",
+        ]
         out.append((point, argv))
     return out
 
@@ -138,7 +163,10 @@ def run_points(cmds: list[tuple[str, list[str]]], output_root: Path, env: dict[s
             running.append((point, subprocess.Popen(argv, cwd=REPO, env={**env, **handoff.point_env(point)})))
         if not running:
             if pending:
-                print(f"error: not started after a configuration error: {', '.join(p for p, _ in pending)}", file=sys.stderr)
+                print(
+                    f"error: not started after a configuration error: {', '.join(p for p, _ in pending)}",
+                    file=sys.stderr,
+                )
                 failed += [p for p, _ in pending]
             break
         done = next((item for item in running if item[1].poll() is not None), None)
@@ -158,7 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="add the study's smoke overrides (a few steps)")
     p.add_argument("--dry-run", action="store_true", help="print the train.py commands without running them")
     p.add_argument("--output-root", default="outputs", help="the sweep folder goes under <output-root>/sweeps/")
-    p.add_argument("--jobs", type=int, default=1, help="points run at once (default 1; each point's jobs still run one after another)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="points run at once (default 1; each point's jobs still run one after another)",
+    )
     p.add_argument("--points", default=None, help="comma-separated subset of the study's points to run (default: all)")
     args, extra = p.parse_known_args(argv)
     study = load_study(args.study)
@@ -166,9 +199,15 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [x.strip() for x in args.points.split(",") if x.strip()]
         unknown = [x for x in chosen if x not in study["points"]]
         if unknown:
-            raise SystemExit(f"error: --points: {', '.join(unknown)} not in study '{args.study}'; its points: {', '.join(study['points'])}")
+            raise SystemExit(
+                f"error: --points: {', '.join(unknown)} not in study '{args.study}'; its points: {', '.join(study['points'])}"
+            )
         study["points"] = {k: v for k, v in study["points"].items() if k in chosen}
-    sweep_dir = Path(args.output_root).resolve() / "sweeps" / f"{args.study}{'-smoke' if args.smoke else ''}-{time.strftime('%Y%m%d-%H%M%S')}"
+    sweep_dir = (
+        Path(args.output_root).resolve()
+        / "sweeps"
+        / f"{args.study}{'-smoke' if args.smoke else ''}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     cmds = commands(args.study, study, extra, args.smoke, sweep_dir)
     if args.dry_run:
         for point, cmd in cmds:

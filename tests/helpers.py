@@ -43,12 +43,18 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-def run_train(*overrides: str, timeout: float = 600, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def run_train(
+    *overrides: str, timeout: float = 600, env: dict | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
     """``python train.py overrides...`` in a subprocess from the repository root (or ``cwd``)."""
     full_env = {**os.environ, "PYTHONPATH": str(cwd), **(env or {})}
     return subprocess.run(
         [sys.executable, str(cwd / "train.py"), *overrides],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
     )
 
 

@@ -8,8 +8,7 @@ import torch
 
 from components.model import Decoder
 from components.registry import DATASETS, ConfigError
-from tests.helpers import run_train
-from tests.helpers import CONF, compose_root, group_options
+from tests.helpers import CONF, compose_root, group_options, run_train
 
 # groups whose options change the model; the others are checked by composition + validation only
 MODEL_GROUPS = ["mixer", "ffn", "residual", "balancer", "model"]
@@ -47,7 +46,15 @@ def test_data_option_composes_and_builds(option, tmp_path):
         from tests.data.text_fixtures import write_text_folder
 
         for name in ("a", "b"):
-            prepare(PrepareOptions([str(write_text_folder(tmp_path / f"src_{name}", n_files=12))], str(tmp_path / name), val_fraction=0.3, progress=False), log=lambda m: None)
+            prepare(
+                PrepareOptions(
+                    [str(write_text_folder(tmp_path / f"src_{name}", n_files=12))],
+                    str(tmp_path / name),
+                    val_fraction=0.3,
+                    progress=False,
+                ),
+                log=lambda m: None,
+            )
         extra = [f"data.sources={{a: {{path: {tmp_path / 'a'}}}, b: {{path: {tmp_path / 'b'}, weight: 2}}}}"]
     root = compose_root(*small(f"data={option}", *extra))
     dataset = DATASETS.build(root.data, root.seed)

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from runtime.launch import compose, strip_hydra
 from runtime.jsonl_logger import read_metrics
-from tests.helpers import run_train
-from tests.helpers import compose_root
+from runtime.launch import compose, strip_hydra
+from tests.helpers import compose_root, run_train
 
 
 def flat(experiment: str) -> dict:
@@ -29,8 +28,18 @@ def flat(experiment: str) -> dict:
 
 def test_k3_small_keeps_the_k3_decisions():
     root = compose_root("experiment=k3_small")
-    assert (root.mixer.name, root.mixers["mla"].name, root.ffn.name, root.ffns["dense"].name) == ("kda", "mla", "stable_latent_moe", "dense")
-    assert (root.balancer.name, root.residual.name, root.optimizer.name, root.optimizer.per_head) == ("qb", "block_attnres", "muon", True)
+    assert (root.mixer.name, root.mixers["mla"].name, root.ffn.name, root.ffns["dense"].name) == (
+        "kda",
+        "mla",
+        "stable_latent_moe",
+        "dense",
+    )
+    assert (root.balancer.name, root.residual.name, root.optimizer.name, root.optimizer.per_head) == (
+        "qb",
+        "block_attnres",
+        "muon",
+        True,
+    )
     assert root.mixers["mla"].rope is False and root.mixers["mla"].output_gate and root.mixers["mla"].q_lora_rank
     assert root.ffn.activation == root.ffns["dense"].activation == "situ_glu"
     assert not root.model.tie_embeddings
@@ -57,15 +66,30 @@ def test_each_ablation_flips_one_decision(ablation):
     expected = ABLATIONS[ablation]
     for key, value in expected.items():
         assert new.get(key, "<absent>") == value or (value == {} and key not in new), (key, new.get(key))
-    unexpected = {k for k in changed if k not in expected and not k.startswith(INCIDENTAL) and not k.startswith("model.mixer_plan.")}
+    unexpected = {
+        k
+        for k in changed
+        if k not in expected and not k.startswith(INCIDENTAL) and not k.startswith("model.mixer_plan.")
+    }
     assert not unexpected, unexpected
     compose_root(f"experiment={ablation}")  # validates
 
 
 def test_k3_tiny_trains_with_maxvio_and_depth_weights(tmp_path):
-    result = run_train("experiment=k3_tiny", "data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048", "trainer.max_steps=6",
-                       "trainer.val_check_interval=3", "trainer.compile=false", "trainer.max_time_minutes=null",
-                       "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1", "logger=csv", f"output_root={tmp_path}")
+    result = run_train(
+        "experiment=k3_tiny",
+        "data.seq_len=64",
+        "data.batch_size=8",
+        "data.val_tokens=2048",
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=3",
+        "trainer.compile=false",
+        "trainer.max_time_minutes=null",
+        "trainer.enable_progress_bar=false",
+        "trainer.log_every_n_steps=1",
+        "logger=csv",
+        f"output_root={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
     rows = read_metrics(str(run_dir / "metrics.jsonl"))
@@ -77,9 +101,18 @@ def test_k3_tiny_trains_with_maxvio_and_depth_weights(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["k3_small", *sorted(ABLATIONS)])
 def test_k3_small_and_each_ablation_train(tmp_path, experiment):
-    result = run_train(f"experiment={experiment}", "data.seq_len=64", "data.batch_size=4", "data.val_tokens=1024",
-                       "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.max_time_minutes=null",
-                       "trainer.enable_progress_bar=false", "logger=csv", f"output_root={tmp_path}")
+    result = run_train(
+        f"experiment={experiment}",
+        "data.seq_len=64",
+        "data.batch_size=4",
+        "data.val_tokens=1024",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+        "trainer.max_time_minutes=null",
+        "trainer.enable_progress_bar=false",
+        "logger=csv",
+        f"output_root={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
     summary = json.loads((run_dir / "summary.json").read_text())

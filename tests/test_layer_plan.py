@@ -18,7 +18,9 @@ class Pattern:
 
 
 def test_k3_mixer_schedule():
-    names = expand_pattern(Pattern(["mixer", "mixer", "mixer", "mla"], {-1: "mla"}), 93, {"mixer": 0, "mla": 0}, "model.mixer_plan")
+    names = expand_pattern(
+        Pattern(["mixer", "mixer", "mixer", "mla"], {-1: "mla"}), 93, {"mixer": 0, "mla": 0}, "model.mixer_plan"
+    )
     mla = [i for i, n in enumerate(names) if n == "mla"]
     assert mla == list(range(3, 92, 4)) + [92]
     assert len(mla) == 24 and names.count("mixer") == 69
@@ -43,8 +45,11 @@ def test_out_of_range_layer_is_refused():
 
 def test_hybrid_plan_from_the_command_line():
     root = compose_root(
-        "model=tiny", "model.n_layers=5", "+mixer@mixers.global=mha",
-        "model.mixer_plan.repeat=[mixer,global]", "+model.mixer_plan.at={-1:global}",
+        "model=tiny",
+        "model.n_layers=5",
+        "+mixer@mixers.global=mha",
+        "model.mixer_plan.repeat=[mixer,global]",
+        "+model.mixer_plan.at={-1:global}",
     )
     plan = root.decoder_config().layers
     assert [s.mixer.name for s in plan] == ["gqa", "mha", "gqa", "mha", "mha"]

@@ -21,7 +21,10 @@ def _by_hand(model: Decoder, x: torch.Tensor, y: torch.Tensor) -> list[float]:
     h = model.hidden_states(x)
     out = []
     for k, depth in enumerate(model.mtp, start=1):
-        rows = [torch.cat([depth.hidden_norm(h[:, i]), depth.embed_norm(model.embed.weight[x[:, i + k]])], dim=-1) for i in range(T - k)]
+        rows = [
+            torch.cat([depth.hidden_norm(h[:, i]), depth.embed_norm(model.embed.weight[x[:, i + k]])], dim=-1)
+            for i in range(T - k)
+        ]
         z = depth.proj(torch.stack(rows, dim=1))  # [B, T-k, d]
         z = z + depth.mixer(depth.mixer_norm(z))
         z = z + depth.ffn(depth.ffn_norm(z))
@@ -37,7 +40,9 @@ def _by_hand(model: Decoder, x: torch.Tensor, y: torch.Tensor) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("overrides", [["mixer=mha", "ffn=dense"], ["experiment=k3_tiny"]], ids=["mha-dense", "k3_tiny"])
+@pytest.mark.parametrize(
+    "overrides", [["mixer=mha", "ffn=dense"], ["experiment=k3_tiny"]], ids=["mha-dense", "k3_tiny"]
+)
 def test_mtp_loss_is_the_shifted_cross_entropy(overrides):
     model = tiny_model(*overrides, "model.mtp_depth=2")
     assert len(model.mtp) == 2
@@ -56,7 +61,7 @@ def test_mtp_gradients_reach_the_shared_embedding_and_head():
     model = tiny_model("mixer=gqa", "model.mtp_depth=1").train()
     ids = torch.randint(0, model.vocab_size, (2, 17))
     x, y = ids[:, :-1], ids[:, 1:]
-    (loss_sum, _), = model.mtp_losses(model.hidden_states(x), x, y)
+    ((loss_sum, _),) = model.mtp_losses(model.hidden_states(x), x, y)
     loss_sum.backward()
     assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
     ahead = x[:, 1:].unique()
@@ -97,15 +102,30 @@ def test_mtp_options_are_checked():
 
 
 def test_training_logs_the_mtp_loss_per_depth(tmp_path):
-    result = run_train("model=tiny", "data=corpus", "model.mtp_depth=2", "data.seq_len=32", "data.batch_size=4", "data.val_tokens=256",
-                       "trainer.max_steps=3", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false", "trainer.compile=false",
-                       "trainer.max_time_minutes=null", "logger=csv", f"output_root={tmp_path}")
+    result = run_train(
+        "model=tiny",
+        "data=corpus",
+        "model.mtp_depth=2",
+        "data.seq_len=32",
+        "data.batch_size=4",
+        "data.val_tokens=256",
+        "trainer.max_steps=3",
+        "trainer.log_every_n_steps=1",
+        "trainer.enable_progress_bar=false",
+        "trainer.compile=false",
+        "trainer.max_time_minutes=null",
+        "logger=csv",
+        f"output_root={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in rows if "train/mtp_loss" in r]
     assert len(logged) == 3 and all({"train/mtp_loss_1", "train/mtp_loss_2"} <= set(r) for r in logged)
-    assert all(r["train/mtp_loss"] == pytest.approx((r["train/mtp_loss_1"] + r["train/mtp_loss_2"]) / 2, rel=1e-5) for r in logged)
+    assert all(
+        r["train/mtp_loss"] == pytest.approx((r["train/mtp_loss_1"] + r["train/mtp_loss_2"]) / 2, rel=1e-5)
+        for r in logged
+    )
     assert all(F.relu(torch.tensor(r["train/mtp_loss_1"])) > 0 for r in logged)
 
 
@@ -119,7 +139,7 @@ def test_layer_compilation_covers_the_mtp_depths_with_the_same_losses():
     ids = torch.randint(0, eager.vocab_size, (2, 33), generator=torch.Generator().manual_seed(3))
     x, y = ids[:, :-1], ids[:, 1:]
     with torch.no_grad():
-        (want, _), = eager.mtp_losses(eager.hidden_states(x), x, y)
-        (got, _), = compiled.mtp_losses(hidden(x), x, y)
+        ((want, _),) = eager.mtp_losses(eager.hidden_states(x), x, y)
+        ((got, _),) = compiled.mtp_losses(hidden(x), x, y)
     assert compiled.mtp[0]._compiled_call_impl is not None  # the depth runs compiled
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -150,7 +150,9 @@ def _tree_hashes(root: Path) -> dict[str, str]:
 
 
 def _copy_repository(dest: Path) -> None:
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
+    )
     for rel in listed.stdout.splitlines():
         src = REPO / rel
         if src.is_file():
@@ -169,10 +171,24 @@ def test_one_module_and_one_yaml_add_a_component(tmp_path):
     # train.py trains with all three (a routed FFN, so the balancer has loads to record)
     out = tmp_path / "out"
     proc = run_train(
-        "mixer=causal_shift", "balancer=load_recorder", "residual=scaled", "ffn=moe", "ffn.num_experts=4", "model=tiny",
-        "data.seq_len=32", "data.batch_size=4", "data.val_tokens=256", "trainer.max_steps=3", "trainer.val_check_interval=3",
-        "trainer.log_every_n_steps=1", "trainer.compile=false", "trainer.enable_progress_bar=false", "logger=csv", f"output_root={out}",
-        "name=new_parts", cwd=copy,
+        "mixer=causal_shift",
+        "balancer=load_recorder",
+        "residual=scaled",
+        "ffn=moe",
+        "ffn.num_experts=4",
+        "model=tiny",
+        "data.seq_len=32",
+        "data.batch_size=4",
+        "data.val_tokens=256",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+        "trainer.log_every_n_steps=1",
+        "trainer.compile=false",
+        "trainer.enable_progress_bar=false",
+        "logger=csv",
+        f"output_root={out}",
+        "name=new_parts",
+        cwd=copy,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "new_parts" / "summary.json").read_text())
@@ -185,10 +201,15 @@ def test_one_module_and_one_yaml_add_a_component(tmp_path):
     env_cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *selection]
     collected = subprocess.run([*env_cmd, "--collect-only"], cwd=copy, capture_output=True, text=True, timeout=600)
     ids = collected.stdout
-    for expected in ("test_mixers.py::test_is_causal[causal_shift]", "test_mixers.py::test_cached_decoding_equals_full_pass[5-4-causal_shift]",
-                     "test_mixers.py::test_trains[causal_shift]", "test_balancers.py::test_trains_a_routed_model_and_reports_balance[load_recorder]",
-                     "test_residuals.py::test_is_causal_and_decodes_from_the_cache[scaled]", "test_residuals.py::test_trains[scaled]",
-                     "test_defaults.py::test_command_line_member_equals_its_dataclass_defaults[mixer=causal_shift]"):
+    for expected in (
+        "test_mixers.py::test_is_causal[causal_shift]",
+        "test_mixers.py::test_cached_decoding_equals_full_pass[5-4-causal_shift]",
+        "test_mixers.py::test_trains[causal_shift]",
+        "test_balancers.py::test_trains_a_routed_model_and_reports_balance[load_recorder]",
+        "test_residuals.py::test_is_causal_and_decodes_from_the_cache[scaled]",
+        "test_residuals.py::test_trains[scaled]",
+        "test_defaults.py::test_command_line_member_equals_its_dataclass_defaults[mixer=causal_shift]",
+    ):
         assert expected in ids, f"{expected} not collected:\n{ids[-3000:]}"
     ran = subprocess.run(env_cmd, cwd=copy, capture_output=True, text=True, timeout=600)
     assert ran.returncode == 0, ran.stdout[-4000:]

@@ -20,7 +20,12 @@ def test_the_studies_exist():
 
 # The default suite trains two points of every study end to end (and composes and validates every job of
 # every point below); the slow suite trains all of them, k3_decisions included (seven k3_small variants).
-SMOKE_POINTS = {"mixers": "gqa,k3_hybrid", "moe_form": "dense,stable_latent_moe", "balancer": "none,qb", "residual": "full_attnres,block2"}
+SMOKE_POINTS = {
+    "mixers": "gqa,k3_hybrid",
+    "moe_form": "dense,stable_latent_moe",
+    "balancer": "none,qb",
+    "residual": "full_attnres,block2",
+}
 
 
 # the default suite runs the core studies' smoke variants; every study's jobs still compose and validate
@@ -66,12 +71,19 @@ def test_every_study_compares_its_points_at_equal_tokens_with_warmup_inside_the_
                 assert cfg.optimizer.warmup_steps <= cfg.trainer.max_steps // 2, (study, point)
                 assert cfg.trainer.max_time_minutes is None or cfg.trainer.max_time_minutes >= 20, (study, point)
         assert len(budgets) == 1 or spec["compare_at"] == "time", (study, budgets)
-        for choice in spec.get("search", {}).get("params", {}).get("optimizer.warmup_steps", "choice()")[7:-1].split(","):
+        for choice in (
+            spec.get("search", {}).get("params", {}).get("optimizer.warmup_steps", "choice()")[7:-1].split(",")
+        ):
             assert not choice.strip() or int(choice) <= cfg.trainer.max_steps // 2, (study, choice)
 
 
 def _smoke(tmp_path: Path, study: str, points: str | None) -> None:
-    assert main([study, "--smoke", "--jobs", "2", "--output-root", str(tmp_path), *(["--points", points] if points else [])]) == 0
+    assert (
+        main(
+            [study, "--smoke", "--jobs", "2", "--output-root", str(tmp_path), *(["--points", points] if points else [])]
+        )
+        == 0
+    )
     (sweep_dir,) = list((tmp_path / "sweeps").iterdir())
     spec = load_study(study)
     chosen = points.split(",") if points else list(spec["points"])
@@ -85,7 +97,9 @@ def _smoke(tmp_path: Path, study: str, points: str | None) -> None:
         assert {e["varied"]["seed"] for e in index} == {str(s) for s in spec["seeds"]}
     grid = set(spec.get("grid") or {})
     assert len(index) == len(chosen) * trials * max(1, len(set(e["varied"].get(k) for e in index for k in grid)))
-    assert all(set(e["varied"]) == {"point", *searched, *grid} | ({"seed"} if n_seeds > 1 else set()) for e in index)  # fixed overrides are not "varied"
+    assert all(
+        set(e["varied"]) == {"point", *searched, *grid} | ({"seed"} if n_seeds > 1 else set()) for e in index
+    )  # fixed overrides are not "varied"
     if searched:  # the Optuna sweeper's verdict, and every trial tagged with the values it tried
         assert "best_params" in (sweep_dir / "optimization_results.yaml").read_text()
         assert len({e["varied"]["optimizer.lr"] for e in index}) == 2
@@ -112,8 +126,17 @@ def test_a_study_goes_to_slurm_with_the_launcher_override(tmp_path):
 
     from runtime.launch import compose
 
-    for point, argv in commands("balancer", load_study("balancer"), ["hydra/launcher=slurm", "trainer=slurm", "trainer.num_nodes=2"], False, tmp_path):
+    for point, argv in commands(
+        "balancer",
+        load_study("balancer"),
+        ["hydra/launcher=slurm", "trainer=slurm", "trainer.num_nodes=2"],
+        False,
+        tmp_path,
+    ):
         overrides = [a for a in argv if a != "-m" and not a.startswith("hydra.sweep")]
         cfg = compose([o for o in overrides if "," not in o])
         launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
-        assert launcher["_target_"].endswith("SlurmLauncher") and (launcher["nodes"], launcher["tasks_per_node"]) == (2, 8), point
+        assert launcher["_target_"].endswith("SlurmLauncher") and (launcher["nodes"], launcher["tasks_per_node"]) == (
+            2,
+            8,
+        ), point

@@ -28,9 +28,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from components.config import ComponentConfig
 from components.balancers.base import Balancer
 from components.balancers.load_stats import find_routers, finish_step
+from components.config import ComponentConfig
 from components.distributed import all_reduce_sum_, world_size
 from components.ffn.router import RouterRecord
 from components.registry import BALANCERS, ConfigError
@@ -55,7 +55,9 @@ def selection_counts(record: RouterRecord) -> torch.Tensor:
     return torch.bincount(record.indices.flatten(), minlength=E).to(record.scores.dtype)
 
 
-def balance_loss(record: RouterRecord, top_k: int, alpha: float, sequence_wise: bool = False, counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+def balance_loss(
+    record: RouterRecord, top_k: int, alpha: float, sequence_wise: bool = False, counts: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """``alpha * E * sum_j f_j P_j`` for one router's latest routing (see the module docstring).
 
     ``counts [E]``: selections per expert over a larger batch (all data-parallel ranks) to take f from,
@@ -91,7 +93,9 @@ class AuxLossBalancer(Balancer):
                 packed[i, : r.num_experts] = selection_counts(r.last).double()
             all_reduce_sum_(packed)
             counts = [packed[i, : r.num_experts] for i, r in enumerate(routers)]
-        terms = [balance_loss(r.last, r.top_k, self.cfg.alpha, self.cfg.sequence_wise, c) for r, c in zip(routers, counts)]
+        terms = [
+            balance_loss(r.last, r.top_k, self.cfg.alpha, self.cfg.sequence_wise, c) for r, c in zip(routers, counts)
+        ]
         return torch.stack(terms).sum()
 
     def step(self, model: nn.Module) -> dict[str, float]:

@@ -51,7 +51,7 @@ def bias_rank_divergence(routers: list[Router]) -> float:
         return 0.0
     extremes = torch.cat([bias, -bias])  # max over ranks of both: [max b | -min b]
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
-    return float((extremes[: bias.numel()] + extremes[bias.numel():]).max())
+    return float((extremes[: bias.numel()] + extremes[bias.numel() :]).max())
 
 
 def maxvio(load: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.config import ComponentConfig
 from components.balancers.base import Balancer
+from components.config import ComponentConfig
 from components.registry import BALANCERS
 
 

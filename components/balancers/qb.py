@@ -36,9 +36,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from components.config import ComponentConfig
 from components.balancers.base import Balancer
 from components.balancers.load_stats import find_routers, maxvio_metrics, reduced_loads
+from components.config import ComponentConfig
 from components.distributed import all_reduce_sum_, world_size
 from components.ffn.router import Router, histogram_range, margin_histogram
 from components.registry import BALANCERS, ConfigError
@@ -95,7 +95,9 @@ def center(b: torch.Tensor) -> torch.Tensor:
     return b - b.mean()
 
 
-def quantile_balance_update(scores: torch.Tensor, bias: torch.Tensor, top_k: int, num_bins: Optional[int] = 1000) -> torch.Tensor:
+def quantile_balance_update(
+    scores: torch.Tensor, bias: torch.Tensor, top_k: int, num_bins: Optional[int] = 1000
+) -> torch.Tensor:
     """One QB step as a pure function: the centred new bias ``[N]`` for one batch of router scores.
 
     scores: ``[M, N]`` after the router activation (sigmoid); bias: ``[N]``, the bias the batch was routed

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from components.config import ComponentConfig
 from components.balancers.base import Balancer
 from components.balancers.load_stats import find_routers, maxvio_metrics, reduced_loads
+from components.config import ComponentConfig
 from components.registry import BALANCERS, ConfigError
 
 

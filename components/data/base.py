@@ -69,7 +69,9 @@ class TokenDataset:
 
     # Sums that validation accumulates over batches (and ranks) before ``finish_metrics``; ``index`` is the
     # validation batch's number. Every batch returns the same keys.
-    def metric_sums(self, logits: torch.Tensor, targets: torch.Tensor, token_loss: torch.Tensor, index: int = 0) -> dict[str, torch.Tensor]:
+    def metric_sums(
+        self, logits: torch.Tensor, targets: torch.Tensor, token_loss: torch.Tensor, index: int = 0
+    ) -> dict[str, torch.Tensor]:
         mask = targets != IGNORE_INDEX
         return {"loss_sum": (token_loss * mask).sum(), "tokens": mask.sum()}
 
@@ -98,7 +100,9 @@ class TokenStreamDataset(TokenDataset):
     num_val_windows: int
 
     def _windows(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.from_numpy(np.stack([tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64))  # [B, T+1]
+        rows = torch.from_numpy(
+            np.stack([tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64)
+        )  # [B, T+1]
         self.check_tokens(rows)
         return rows[:, :-1], rows[:, 1:]
 

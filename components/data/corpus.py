@@ -109,9 +109,7 @@ def build_corpus_cache(val_percent: float, cache_dir: Optional[str] = None) -> P
     if not files:
         raise FileNotFoundError(f"no .py files found under the standard library folder {root}")
     version, folder_name, sizes = stdlib_fingerprint(root, files)
-    fingerprint = hashlib.sha256(
-        json.dumps([version, folder_name, val_percent, sizes]).encode()
-    ).hexdigest()[:16]
+    fingerprint = hashlib.sha256(json.dumps([version, folder_name, val_percent, sizes]).encode()).hexdigest()[:16]
     folder = Path(cache_dir) if cache_dir else default_cache_dir()
     folder = folder / f"stdlib-corpus-{fingerprint}"
     if (folder / "meta.json").exists():

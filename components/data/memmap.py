@@ -63,16 +63,24 @@ class MemmapConfig(DatasetConfig):
         if vocab is None:
             node.vocab_size = folder.vocab_size
         elif vocab < folder.vocab_size:
-            raise ConfigError(f"{key}.vocab_size", f"{vocab} is below the {folder.vocab_size} ids of the tokenizer {path} was prepared with (meta.json); leave it unset")
+            raise ConfigError(
+                f"{key}.vocab_size",
+                f"{vocab} is below the {folder.vocab_size} ids of the tokenizer {path} was prepared with (meta.json); leave it unset",
+            )
         dtype = node.get("dtype")
         if dtype is None:
             node.dtype = folder.dtype
         elif dtype != folder.dtype:
-            raise ConfigError(f"{key}.dtype", f"'{dtype}' contradicts {path}/meta.json, whose tokens are {folder.dtype}; leave it unset")
+            raise ConfigError(
+                f"{key}.dtype",
+                f"'{dtype}' contradicts {path}/meta.json, whose tokens are {folder.dtype}; leave it unset",
+            )
 
     def validate(self, model: Any, key: str) -> None:
         if self.seq_len < 2 or self.batch_size < 1:
-            raise ConfigError(f"{key}.seq_len", f"seq_len must be >= 2 and batch_size >= 1, got {self.seq_len}, {self.batch_size}")
+            raise ConfigError(
+                f"{key}.seq_len", f"seq_len must be >= 2 and batch_size >= 1, got {self.seq_len}, {self.batch_size}"
+            )
         if self.vocab_size is None or self.vocab_size < 2:
             raise ConfigError(f"{key}.vocab_size", f"must be at least 2, got {self.vocab_size}")
         if self.val_tokens is not None and self.val_tokens < self.seq_len:
@@ -80,20 +88,34 @@ class MemmapConfig(DatasetConfig):
         if is_prepared(self.path):
             folder = _open_folder(self.path, f"{key}.path")
             if self.val_path is not None:
-                raise ConfigError(f"{key}.val_path", f"{self.path} is a prepared folder with its own validation split; leave val_path unset")
+                raise ConfigError(
+                    f"{key}.val_path",
+                    f"{self.path} is a prepared folder with its own validation split; leave val_path unset",
+                )
             if self.eod_id is not None and self.eod_id != folder.eod_id:
-                raise ConfigError(f"{key}.eod_id", f"{self.path} ends documents with token {folder.eod_id} (meta.json); leave eod_id unset")
+                raise ConfigError(
+                    f"{key}.eod_id",
+                    f"{self.path} ends documents with token {folder.eod_id} (meta.json); leave eod_id unset",
+                )
             for split in ("train", "val"):
                 n = folder.meta["splits"][split]["tokens"]
                 if n <= self.seq_len + 1:
-                    raise ConfigError(f"{key}.seq_len", f"the {split} split of {self.path} holds {n} tokens, fewer than seq_len + 2 = {self.seq_len + 2}")
+                    raise ConfigError(
+                        f"{key}.seq_len",
+                        f"the {split} split of {self.path} holds {n} tokens, fewer than seq_len + 2 = {self.seq_len + 2}",
+                    )
             return
         if os.path.isdir(self.path):
-            raise ConfigError(f"{key}.path", f"{self.path} is a folder without meta.json: give a folder made by prepare.py or a token file")
+            raise ConfigError(
+                f"{key}.path",
+                f"{self.path} is a folder without meta.json: give a folder made by prepare.py or a token file",
+            )
         if self.dtype not in DTYPES:
             raise ConfigError(f"{key}.dtype", f"'{self.dtype}' is not allowed; choose one of {', '.join(DTYPES)}")
         if self.document_masking and self.eod_id is None:
-            raise ConfigError(f"{key}.eod_id", "document_masking on bare token files needs the end-of-document token id (data.eod_id)")
+            raise ConfigError(
+                f"{key}.eod_id", "document_masking on bare token files needs the end-of-document token id (data.eod_id)"
+            )
         for field_name in ("path", "val_path"):
             path = getattr(self, field_name)
             if path is not None:
@@ -104,7 +126,10 @@ class MemmapConfig(DatasetConfig):
             n = os.path.getsize(self.path) // np.dtype(DTYPES[self.dtype]).itemsize
             n_val = n - int(n * (1 - self.val_fraction))
             if min(n_val, n - n_val) <= self.seq_len + 1:
-                raise ConfigError(f"{key}.val_fraction", f"{self.path} holds {n} tokens: splitting off {self.val_fraction} for validation leaves a split shorter than seq_len + 2 = {self.seq_len + 2} (set {key}.val_path or a smaller seq_len)")
+                raise ConfigError(
+                    f"{key}.val_fraction",
+                    f"{self.path} holds {n} tokens: splitting off {self.val_fraction} for validation leaves a split shorter than seq_len + 2 = {self.seq_len + 2} (set {key}.val_path or a smaller seq_len)",
+                )
 
 
 def _open_folder(path: str, key: str) -> PreparedFolder:
@@ -125,7 +150,9 @@ def check_token_file(path: str, dtype: str, key: str, seq_len: int) -> None:
     if size == 0:
         raise ConfigError(key, f"token file is empty: {path}")
     if size % item:
-        raise ConfigError(key, f"token file {path} has {size} bytes, not a multiple of {item} ({dtype}): truncated or wrong dtype")
+        raise ConfigError(
+            key, f"token file {path} has {size} bytes, not a multiple of {item} ({dtype}): truncated or wrong dtype"
+        )
     if size // item <= seq_len + 1:
         raise ConfigError(key, f"token file {path} holds {size // item} tokens, fewer than seq_len + 2 = {seq_len + 2}")
 
@@ -161,12 +188,23 @@ class BareTokens(TokenStreamDataset):
         return f"memmap {self.cfg.path}: {len(self.train):,} train / {len(self.val):,} val tokens"
 
 
-@DATASETS.register("memmap", MemmapConfig, "Token files: a folder made by prepare.py (bits per byte for any tokenizer) or bare uint16/uint32 files.")
+@DATASETS.register(
+    "memmap",
+    MemmapConfig,
+    "Token files: a folder made by prepare.py (bits per byte for any tokenizer) or bare uint16/uint32 files.",
+)
 class MemmapTokens(TokenStreamDataset):
     """Builds the dataset ``data.path`` calls for: a ``PreparedStream`` or ``BareTokens``."""
 
     def __new__(cls, cfg: MemmapConfig, seed: int) -> TokenStreamDataset:  # type: ignore[misc]
         if is_prepared(cfg.path):
-            return PreparedStream(PreparedFolder.open(cfg.path), cfg.seq_len, cfg.batch_size, cfg.val_tokens, seed,
-                                  cfg.document_masking, cfg.vocab_size)
+            return PreparedStream(
+                PreparedFolder.open(cfg.path),
+                cfg.seq_len,
+                cfg.batch_size,
+                cfg.val_tokens,
+                seed,
+                cfg.document_masking,
+                cfg.vocab_size,
+            )
         return BareTokens(cfg, seed)

@@ -26,8 +26,10 @@ from components.data.text.prepared import PreparedFolder, PreparedFolderError, i
 from components.data.text.stream import PreparedStream
 from components.registry import DATASETS, ConfigError
 
-
-SOURCE_FIELDS = {"path": "a folder made by prepare.py", "weight": "relative sampling weight, normalised over the sources (default 1)"}
+SOURCE_FIELDS = {
+    "path": "a folder made by prepare.py",
+    "weight": "relative sampling weight, normalised over the sources (default 1)",
+}
 
 
 @dataclass
@@ -49,23 +51,38 @@ class MixtureConfig(DatasetConfig):
     def complete(cls, node: Any, key: str) -> None:
         sources = node.get("sources")
         if not isinstance(sources, Mapping) or not sources:
-            raise ConfigError(f"{key}.sources", "name at least one source: data.sources='{NAME: {path: FOLDER, weight: W}, ...}' (folders made by prepare.py)")
+            raise ConfigError(
+                f"{key}.sources",
+                "name at least one source: data.sources='{NAME: {path: FOLDER, weight: W}, ...}' (folders made by prepare.py)",
+            )
         for name, src in sources.items():
             if not isinstance(src, Mapping):
-                raise ConfigError(f"{key}.sources.{name}", f"must be a mapping with {', '.join(SOURCE_FIELDS)}, got {src!r}")
+                raise ConfigError(
+                    f"{key}.sources.{name}", f"must be a mapping with {', '.join(SOURCE_FIELDS)}, got {src!r}"
+                )
             for k in src:
                 if k not in SOURCE_FIELDS:
-                    raise ConfigError(f"{key}.sources.{name}.{k}", f"unknown key '{k}'; a source has: " + "; ".join(f"{f} ({d})" for f, d in SOURCE_FIELDS.items()))
+                    raise ConfigError(
+                        f"{key}.sources.{name}.{k}",
+                        f"unknown key '{k}'; a source has: "
+                        + "; ".join(f"{f} ({d})" for f, d in SOURCE_FIELDS.items()),
+                    )
         folders = {name: _open(src.get("path"), f"{key}.sources.{name}.path") for name, src in sources.items()}
         first, folder = next(iter(folders.items()))
         for name, other in folders.items():
             if other.tokenizer_hash != folder.tokenizer_hash:
-                raise ConfigError(f"{key}.sources.{name}.path", f"{other.path} was prepared with tokenizer {other.meta['tokenizer']['spec']} (hash {other.tokenizer_hash}), source '{first}' with {folder.meta['tokenizer']['spec']} (hash {folder.tokenizer_hash}); mixed sources must share one tokenizer")
+                raise ConfigError(
+                    f"{key}.sources.{name}.path",
+                    f"{other.path} was prepared with tokenizer {other.meta['tokenizer']['spec']} (hash {other.tokenizer_hash}), source '{first}' with {folder.meta['tokenizer']['spec']} (hash {folder.tokenizer_hash}); mixed sources must share one tokenizer",
+                )
         vocab = node.get("vocab_size")
         if vocab is None:
             node.vocab_size = folder.vocab_size
         elif vocab < folder.vocab_size:
-            raise ConfigError(f"{key}.vocab_size", f"{vocab} is below the {folder.vocab_size} ids of the sources' tokenizer; leave it unset")
+            raise ConfigError(
+                f"{key}.vocab_size",
+                f"{vocab} is below the {folder.vocab_size} ids of the sources' tokenizer; leave it unset",
+            )
 
     def validate(self, model: Any, key: str) -> None:
         for name, src in self.sources.items():
@@ -76,11 +93,19 @@ class MixtureConfig(DatasetConfig):
             for split in ("train", "val"):
                 n = folder.meta["splits"][split]["tokens"]
                 if n <= self.seq_len + 1:
-                    raise ConfigError(f"{key}.sources.{name}.path", f"the {split} split of {src['path']} holds {n} tokens, fewer than seq_len + 2 = {self.seq_len + 2}")
+                    raise ConfigError(
+                        f"{key}.sources.{name}.path",
+                        f"the {split} split of {src['path']} holds {n} tokens, fewer than seq_len + 2 = {self.seq_len + 2}",
+                    )
             if "/" in name:
-                raise ConfigError(f"{key}.sources.{name}", "a source name becomes a metric name (val/<name>/bpb): it may not contain '/'")
+                raise ConfigError(
+                    f"{key}.sources.{name}",
+                    "a source name becomes a metric name (val/<name>/bpb): it may not contain '/'",
+                )
         if self.seq_len < 2 or self.batch_size < 1:
-            raise ConfigError(f"{key}.seq_len", f"seq_len must be >= 2 and batch_size >= 1, got {self.seq_len}, {self.batch_size}")
+            raise ConfigError(
+                f"{key}.seq_len", f"seq_len must be >= 2 and batch_size >= 1, got {self.seq_len}, {self.batch_size}"
+            )
         if self.val_tokens is not None and self.val_tokens < self.seq_len:
             raise ConfigError(f"{key}.val_tokens", f"must be at least seq_len={self.seq_len}, got {self.val_tokens}")
 
@@ -94,7 +119,11 @@ def _open(path: Any, key: str) -> PreparedFolder:
         raise ConfigError(key, str(err)) from None
 
 
-@DATASETS.register("mixture", MixtureConfig, "Weighted mixture of prepared folders sharing one tokenizer; metrics per source and overall.")
+@DATASETS.register(
+    "mixture",
+    MixtureConfig,
+    "Weighted mixture of prepared folders sharing one tokenizer; metrics per source and overall.",
+)
 class Mixture(TokenDataset):
     """Rows drawn from several prepared streams by weight; validation per source."""
 
@@ -108,8 +137,18 @@ class Mixture(TokenDataset):
         self.vocab_size = cfg.vocab_size
         self.document_masking = cfg.document_masking
         self.names = list(cfg.sources)
-        self.streams = [PreparedStream(PreparedFolder.open(cfg.sources[n]["path"]), cfg.seq_len, cfg.batch_size, cfg.val_tokens, seed,
-                                       cfg.document_masking, cfg.vocab_size) for n in self.names]
+        self.streams = [
+            PreparedStream(
+                PreparedFolder.open(cfg.sources[n]["path"]),
+                cfg.seq_len,
+                cfg.batch_size,
+                cfg.val_tokens,
+                seed,
+                cfg.document_masking,
+                cfg.vocab_size,
+            )
+            for n in self.names
+        ]
         self.eod_id = self.streams[0].eod_id
         weights = torch.tensor([float(cfg.sources[n].get("weight", 1.0)) for n in self.names], dtype=torch.float64)
         self.weights = weights / weights.sum()
@@ -162,5 +201,3 @@ class Mixture(TokenDataset):
     def describe(self) -> str:
         parts = [f"{n} ({w:.0%}): {s.describe()}" for n, w, s in zip(self.names, self.weights.tolist(), self.streams)]
         return "mixture of " + "; ".join(parts)
-
-

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import torch
 
-from components.data.base import DatasetConfig, IGNORE_INDEX, TokenDataset, batch_generator
+from components.data.base import IGNORE_INDEX, DatasetConfig, TokenDataset, batch_generator
 from components.registry import DATASETS, ConfigError
 
 VAL_STREAM = 1
@@ -70,7 +70,9 @@ class MQARConfig(DatasetConfig):
         for group in ("train_segments", "test_segments"):
             segments = getattr(self, group)
             if segments is not None and not segments:
-                raise ConfigError(f"{key}.{group}", "an empty list; give at least one {seq_len, num_kv_pairs, num_examples} or null")
+                raise ConfigError(
+                    f"{key}.{group}", "an empty list; give at least one {seq_len, num_kv_pairs, num_examples} or null"
+                )
             for i, seg in enumerate(segments or []):
                 self._check_setting(seg.seq_len, seg.num_kv_pairs, key, f"{group}[{i}].")
                 if seg.num_examples < 1:
@@ -80,16 +82,24 @@ class MQARConfig(DatasetConfig):
                 raise ConfigError(f"{key}.{group}", f"two segments share a (seq_len, num_kv_pairs) setting: {names}")
         for i, seg in enumerate(self.train_segments or []):
             if seg.seq_len > self.seq_len:
-                raise ConfigError(f"{key}.train_segments[{i}].seq_len", f"{seg.seq_len} is longer than the training length "
-                                  f"{key}.seq_len={self.seq_len}, which every training example is padded to; raise {key}.seq_len")
+                raise ConfigError(
+                    f"{key}.train_segments[{i}].seq_len",
+                    f"{seg.seq_len} is longer than the training length "
+                    f"{key}.seq_len={self.seq_len}, which every training example is padded to; raise {key}.seq_len",
+                )
 
     def _check_setting(self, seq_len: int, pairs: int, key: str, where: str) -> None:
         if pairs < 1:
             raise ConfigError(f"{key}.{where}num_kv_pairs", f"must be positive, got {pairs}")
         if seq_len < 4 * pairs:
-            raise ConfigError(f"{key}.{where}seq_len", f"needs room for {pairs} pairs and their queries: at least 4 * num_kv_pairs = {4 * pairs}, got {seq_len}")
+            raise ConfigError(
+                f"{key}.{where}seq_len",
+                f"needs room for {pairs} pairs and their queries: at least 4 * num_kv_pairs = {4 * pairs}, got {seq_len}",
+            )
         if self.vocab_size // 2 - 1 < pairs or self.vocab_size - self.vocab_size // 2 < pairs:
-            raise ConfigError(f"{key}.vocab_size", f"too small for {pairs} distinct keys and values, got {self.vocab_size}")
+            raise ConfigError(
+                f"{key}.vocab_size", f"too small for {pairs} distinct keys and values, got {self.vocab_size}"
+            )
 
     def test_settings(self) -> list[MQARSegment]:
         """The validation segments (the single setting when none are listed)."""
@@ -131,7 +141,9 @@ def mqar_examples(cfg: MQARConfig, n: int, g: torch.Generator) -> tuple[torch.Te
     return inputs, targets
 
 
-def segment_examples(cfg: MQARConfig, seg: MQARSegment, seed: int, stream: int, pad_to: int) -> tuple[torch.Tensor, torch.Tensor]:
+def segment_examples(
+    cfg: MQARConfig, seg: MQARSegment, seed: int, stream: int, pad_to: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``seg.num_examples`` examples of one segment, generated in chunks, right-padded to ``pad_to``
     (inputs with 0, targets with -100); int32 to halve their memory."""
     setting = replace(cfg, seq_len=seg.seq_len, num_kv_pairs=seg.num_kv_pairs, train_segments=None, test_segments=None)
@@ -169,20 +181,29 @@ class MQAR(TokenDataset):
             self._val_index += [(i, b) for b in range(math.ceil(seg.num_examples / self.batch_size))]
         self._train: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         if cfg.train_segments:
-            parts = [segment_examples(cfg, seg, seed, TRAIN_SEGMENT_STREAM + i, cfg.seq_len) for i, seg in enumerate(cfg.train_segments)]
+            parts = [
+                segment_examples(cfg, seg, seed, TRAIN_SEGMENT_STREAM + i, cfg.seq_len)
+                for i, seg in enumerate(cfg.train_segments)
+            ]
             self._train = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
         self._epoch_order: dict[int, torch.Tensor] = {}
 
     def _order(self, epoch: int) -> torch.Tensor:
         if epoch not in self._epoch_order:
-            self._epoch_order = {epoch: torch.randperm(len(self._train[0]), generator=batch_generator(self.seed, epoch, stream=SHUFFLE_STREAM))}
+            self._epoch_order = {
+                epoch: torch.randperm(
+                    len(self._train[0]), generator=batch_generator(self.seed, epoch, stream=SHUFFLE_STREAM)
+                )
+            }
         return self._epoch_order[epoch]
 
     def train_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._train is None:
             return mqar_examples(self.cfg, self.batch_size, batch_generator(self.seed, index))
         n = len(self._train[0])
-        positions = torch.arange(index * self.batch_size, (index + 1) * self.batch_size)  # in the endless sequence of epochs
+        positions = torch.arange(
+            index * self.batch_size, (index + 1) * self.batch_size
+        )  # in the endless sequence of epochs
         rows = torch.stack([self._order(int(p) // n)[int(p) % n] for p in positions])
         return self._train[0][rows].long(), self._train[1][rows].long()
 
@@ -218,5 +239,9 @@ class MQAR(TokenDataset):
         c = self.cfg
         if not (c.train_segments or c.test_segments):
             return f"MQAR: vocab {c.vocab_size}, {c.num_kv_pairs} key-value pairs, length {c.seq_len}"
-        train = ", ".join(f"{s.name} x{s.num_examples:,}" for s in c.train_segments) if c.train_segments else f"T{c.seq_len}_P{c.num_kv_pairs} stream"
+        train = (
+            ", ".join(f"{s.name} x{s.num_examples:,}" for s in c.train_segments)
+            if c.train_segments
+            else f"T{c.seq_len}_P{c.num_kv_pairs} stream"
+        )
         return f"MQAR: vocab {c.vocab_size}; train {train}; test {', '.join(s.name for s in self.val_segments)}"

@@ -59,7 +59,10 @@ class TextConfig(DatasetConfig):
 
     def validate(self, model: Any, key: str) -> None:
         if not self.inputs:
-            raise ConfigError(f"{key}.inputs", "name at least one input (files, folders, glob patterns, .jsonl / .parquet, stdlib:code, stdlib:docs)")
+            raise ConfigError(
+                f"{key}.inputs",
+                "name at least one input (files, folders, glob patterns, .jsonl / .parquet, stdlib:code, stdlib:docs)",
+            )
         for i, pattern in enumerate(self.inputs):
             try:
                 expand_input(pattern)
@@ -70,26 +73,50 @@ class TextConfig(DatasetConfig):
         except TokenizerError as err:
             raise ConfigError(f"{key}.tokenizer", str(err)) from None
         if self.vocab_size is None or self.vocab_size < needed:
-            raise ConfigError(f"{key}.vocab_size", f"{self.vocab_size} is below the {needed} ids of tokenizer {self.tokenizer}; leave it unset")
+            raise ConfigError(
+                f"{key}.vocab_size",
+                f"{self.vocab_size} is below the {needed} ids of tokenizer {self.tokenizer}; leave it unset",
+            )
         if not 0 < self.val_fraction < 0.5:
             raise ConfigError(f"{key}.val_fraction", f"must be in (0, 0.5), got {self.val_fraction}")
         if self.seq_len < 2 or self.batch_size < 1:
-            raise ConfigError(f"{key}.seq_len", f"seq_len must be >= 2 and batch_size >= 1, got {self.seq_len}, {self.batch_size}")
+            raise ConfigError(
+                f"{key}.seq_len", f"seq_len must be >= 2 and batch_size >= 1, got {self.seq_len}, {self.batch_size}"
+            )
         if self.val_tokens is not None and self.val_tokens < self.seq_len:
             raise ConfigError(f"{key}.val_tokens", f"must be at least seq_len={self.seq_len}, got {self.val_tokens}")
 
     def options(self, out: Path) -> PrepareOptions:
-        return PrepareOptions(inputs=list(self.inputs), out=str(out), tokenizer=self.tokenizer, val_fraction=self.val_fraction,
-                              read=ReadOptions(text_field=self.text_field), overwrite=True, progress=False)
+        return PrepareOptions(
+            inputs=list(self.inputs),
+            out=str(out),
+            tokenizer=self.tokenizer,
+            val_fraction=self.val_fraction,
+            read=ReadOptions(text_field=self.text_field),
+            overwrite=True,
+            progress=False,
+        )
 
     def folder(self) -> Path:
         """The cache folder for these options (its content follows the inputs: prepare() rebuilds it when they change)."""
-        ident = json.dumps([list(self.inputs), self.tokenizer, self.val_fraction, self.text_field, [str(Path(p).resolve()) if not p.startswith("stdlib:") else p for p in self.inputs]])
+        ident = json.dumps(
+            [
+                list(self.inputs),
+                self.tokenizer,
+                self.val_fraction,
+                self.text_field,
+                [str(Path(p).resolve()) if not p.startswith("stdlib:") else p for p in self.inputs],
+            ]
+        )
         name = "text-" + hashlib.sha256(ident.encode()).hexdigest()[:16]
         return (Path(self.cache_dir) if self.cache_dir else default_cache_dir()) / name
 
 
-@DATASETS.register("text", TextConfig, "Text prepared on first use (default: Python's own English documentation, byte-level BPE 8192); bits per byte.")
+@DATASETS.register(
+    "text",
+    TextConfig,
+    "Text prepared on first use (default: Python's own English documentation, byte-level BPE 8192); bits per byte.",
+)
 class TextCorpus(PreparedStream):
     """``prepare.py``'s pipeline run on first use into the cache, then read like ``data=memmap``."""
 
@@ -101,7 +128,15 @@ class TextCorpus(PreparedStream):
             fcntl.flock(lock, fcntl.LOCK_EX)
             prepare(cfg.options(out), log=lambda msg: None)
             fcntl.flock(lock, fcntl.LOCK_UN)
-        super().__init__(PreparedFolder.open(out), cfg.seq_len, cfg.batch_size, cfg.val_tokens, seed, cfg.document_masking, cfg.vocab_size)
+        super().__init__(
+            PreparedFolder.open(out),
+            cfg.seq_len,
+            cfg.batch_size,
+            cfg.val_tokens,
+            seed,
+            cfg.document_masking,
+            cfg.vocab_size,
+        )
 
 
 @dataclass
@@ -113,6 +148,10 @@ class CodeConfig(TextConfig):
     val_fraction: float = 0.02
 
 
-@DATASETS.register("code", CodeConfig, "The default data: the standard-library sources (data=corpus's files) in byte-level BPE 8192, prepared on first use.")
+@DATASETS.register(
+    "code",
+    CodeConfig,
+    "The default data: the standard-library sources (data=corpus's files) in byte-level BPE 8192, prepared on first use.",
+)
 class CodeCorpus(TextCorpus):
     """``data=text`` on ``stdlib:code``: the embedded corpus in byte-level BPE."""

@@ -32,7 +32,9 @@ class GLUActivationConfig(ComponentConfig):
 
     def activation_fn(self):
         if self.activation == "situ_glu":
-            return glu_activation("situ_glu", beta=self.situ_beta, linear_beta=self.situ_linear_beta, backend=self.activation_backend)
+            return glu_activation(
+                "situ_glu", beta=self.situ_beta, linear_beta=self.situ_linear_beta, backend=self.activation_backend
+            )
         return glu_activation(self.activation)
 
     def kernel_backends(self) -> dict[str, str]:
@@ -40,13 +42,19 @@ class GLUActivationConfig(ComponentConfig):
 
     def validate_activation(self, key: str) -> None:
         if self.activation not in GLU_ACTIVATIONS:
-            raise ConfigError(f"{key}.activation", f"unknown activation '{self.activation}'; choose one of {', '.join(sorted(GLU_ACTIVATIONS))}")
+            raise ConfigError(
+                f"{key}.activation",
+                f"unknown activation '{self.activation}'; choose one of {', '.join(sorted(GLU_ACTIVATIONS))}",
+            )
         if self.situ_beta <= 0:
             raise ConfigError(f"{key}.situ_beta", f"must be positive, got {self.situ_beta}")
         if self.situ_linear_beta is not None and self.situ_linear_beta <= 0:
             raise ConfigError(f"{key}.situ_linear_beta", f"must be positive or null, got {self.situ_linear_beta}")
         if self.activation_backend not in allowed_backends("situ_glu"):
-            raise ConfigError(f"{key}.activation_backend", f"'{self.activation_backend}' is not allowed; choose one of {', '.join(allowed_backends('situ_glu'))}")
+            raise ConfigError(
+                f"{key}.activation_backend",
+                f"'{self.activation_backend}' is not allowed; choose one of {', '.join(allowed_backends('situ_glu'))}",
+            )
 
 
 def default_hidden_dim(d_model: int, multiple: int = 64) -> int:
@@ -69,7 +77,9 @@ class DenseFFNConfig(GLUActivationConfig):
 class GLUProjections:
     """``down_proj(act(gate_proj(x), up_proj(x)))`` with bias-free projections, for an ``nn.Module``."""
 
-    def _build_glu(self, d_model: int, hidden_dim: int, act: Any, init_std: float, out_init_std: Optional[float]) -> None:
+    def _build_glu(
+        self, d_model: int, hidden_dim: int, act: Any, init_std: float, out_init_std: Optional[float]
+    ) -> None:
         self.act = act
         self.gate_proj = nn.Linear(d_model, hidden_dim, bias=False)
         self.up_proj = nn.Linear(d_model, hidden_dim, bias=False)
@@ -85,7 +95,9 @@ class GLUProjections:
 class GLUMLP(GLUProjections, nn.Module):
     """A GLU MLP as a building block (MoE shared experts)."""
 
-    def __init__(self, d_model: int, hidden_dim: int, act: Any, init_std: float = 0.02, out_init_std: Optional[float] = None):
+    def __init__(
+        self, d_model: int, hidden_dim: int, act: Any, init_std: float = 0.02, out_init_std: Optional[float] = None
+    ):
         nn.Module.__init__(self)
         self._build_glu(d_model, hidden_dim, act, init_std, out_init_std)
 
@@ -94,6 +106,15 @@ class GLUMLP(GLUProjections, nn.Module):
 class DenseFFN(GLUProjections, FFN):
     """Dense GLU FFN (SwiGLU, SiTU-GLU or GLU)."""
 
-    def __init__(self, cfg: DenseFFNConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
+    def __init__(
+        self,
+        cfg: DenseFFNConfig,
+        d_model: int,
+        layer_idx: int = 0,
+        init_std: float = 0.02,
+        out_init_std: Optional[float] = None,
+    ):
         FFN.__init__(self, cfg, d_model, layer_idx)
-        self._build_glu(d_model, cfg.hidden_dim or default_hidden_dim(d_model), cfg.activation_fn(), init_std, out_init_std)
+        self._build_glu(
+            d_model, cfg.hidden_dim or default_hidden_dim(d_model), cfg.activation_fn(), init_std, out_init_std
+        )

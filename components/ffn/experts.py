@@ -50,7 +50,9 @@ from torch import nn
 from components.nn.matrix_layout import HasMatrixLayouts, MatrixLayout
 
 DISPATCH_CHOICES = ("auto", "grouped_mm", "blocked", "padded_bmm", "loop")
-_MAX_BLOCK_ROWS = 256  # rows per block of the ``blocked`` dispatch at most (benchmarks/moe.py: 256 is the fastest on the CPU)
+_MAX_BLOCK_ROWS = (
+    256  # rows per block of the ``blocked`` dispatch at most (benchmarks/moe.py: 256 is the fastest on the CPU)
+)
 
 
 def block_rows(pairs: int, num_experts: int) -> int:
@@ -59,6 +61,8 @@ def block_rows(pairs: int, num_experts: int) -> int:
     of the pairs. Fixed by the shapes alone, so a compiled layer keeps one shape."""
     fit = max(pairs // (4 * num_experts), 16)
     return min(1 << (fit.bit_length() - 1), _MAX_BLOCK_ROWS)
+
+
 _GROUPED_MM_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _GROUPED_MM_MAX_GROUPS = 1024  # the CUDA bf16 kernel needs fewer groups than this
 # From this compute capability on (Blackwell, sm_100+), ``auto`` does not pick grouped_mm: see auto_dispatch.
@@ -79,7 +83,11 @@ def grouped_mm_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     if x.device.type == "cpu":
         ok_dtype = x.dtype in _GROUPED_MM_CPU_DTYPES
     elif x.device.type == "cuda":
-        ok_dtype = x.dtype == torch.bfloat16 and w.shape[0] < _GROUPED_MM_MAX_GROUPS and torch.cuda.get_device_capability(x.device) >= (8, 0)
+        ok_dtype = (
+            x.dtype == torch.bfloat16
+            and w.shape[0] < _GROUPED_MM_MAX_GROUPS
+            and torch.cuda.get_device_capability(x.device) >= (8, 0)
+        )
     else:
         return False
     align = 16 // x.element_size()
@@ -101,7 +109,10 @@ def auto_dispatch(x: torch.Tensor, w1: torch.Tensor) -> str:
     # pytorch/pytorch#193633. Routing leaves experts empty routinely, so on those devices ``auto`` takes the
     # blocked batched path (exact zeros for empty experts, bounded padding) until the kernel is fixed;
     # ``dispatch=grouped_mm`` still forces the grouped kernel.
-    if x.device.type == "cuda" and tuple(torch.cuda.get_device_capability(x.device)) >= _GROUPED_MM_UNTRUSTED_CAPABILITY:
+    if (
+        x.device.type == "cuda"
+        and tuple(torch.cuda.get_device_capability(x.device)) >= _GROUPED_MM_UNTRUSTED_CAPABILITY
+    ):
         return "blocked"
     return "grouped_mm"
 
@@ -174,7 +185,9 @@ def dropless_route_plan(indices: torch.Tensor, num_experts: int) -> RoutePlan:
     flat = indices.reshape(-1)  # [N*k], pair p = token * k + slot
     order = torch.argsort(flat, stable=True)  # [N*k]
     expert_sorted = flat[order]  # [N*k]
-    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))  # [E]
+    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )  # [E]
     starts = torch.cumsum(counts, 0) - counts  # [E]
     positions = torch.arange(flat.numel(), device=flat.device)  # [N*k]
     rank = positions - starts[expert_sorted]  # [N*k] slot within expert
@@ -255,7 +268,9 @@ def block_plan(indices: torch.Tensor, num_experts: int, cap: Optional[int], bloc
     if cap is not None:
         rows = torch.where(rank < cap, rows, nb * block)  # a dropped pair goes to the sink row
     first_rows = torch.arange(nb, device=flat.device) * block  # [nb]
-    block_expert = torch.searchsorted(ends, first_rows, right=True).clamp(max=E - 1)  # [nb]; unused blocks: E-1, zero rows
+    block_expert = torch.searchsorted(ends, first_rows, right=True).clamp(
+        max=E - 1
+    )  # [nb]; unused blocks: E-1, zero rows
     return BlockPlan(rows, block_expert)
 
 
@@ -291,8 +306,16 @@ class _FromBlocks(torch.autograd.Function):
         return g.new_zeros(ctx.R1, g.shape[-1]).index_copy_(0, rows, g), None
 
 
-def blocked_experts(z: torch.Tensor, plan: BlockPlan, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
-                    act: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], k: int, block: int) -> torch.Tensor:
+def blocked_experts(
+    z: torch.Tensor,
+    plan: BlockPlan,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+    act: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    k: int,
+    block: int,
+) -> torch.Tensor:
     """Every pair's expert output ``[N*k, d_in]`` (pair order; zeros for dropped pairs) through the blocked
     layout: one ``bmm`` per matrix over ``[nb, block, .]`` blocks, each with its own expert's weights."""
     N, d = z.shape
@@ -378,7 +401,9 @@ class RoutedExperts(HasMatrixLayouts):
     # -- K3 per-expert state dict interop --------------------------------------------------------------
     def per_expert_state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
         """``{prefix}{i}.w1.weight`` etc. (views of ``w1[i]``): the K3 reference layout."""
-        return {f"{prefix}{i}.{n}.weight": getattr(self, n)[i] for i in range(self.num_experts) for n in ("w1", "w2", "w3")}
+        return {
+            f"{prefix}{i}.{n}.weight": getattr(self, n)[i] for i in range(self.num_experts) for n in ("w1", "w2", "w3")
+        }
 
     @torch.no_grad()
     def load_per_expert_state_dict(self, state: dict[str, torch.Tensor], prefix: str = "") -> None:
@@ -413,7 +438,11 @@ class RoutedExperts(HasMatrixLayouts):
             yw = ys.to(acc) * weights.reshape(-1, 1).to(acc)  # [N*k, d_in]; fp32 weighting as below
             return yw.view(N, k, -1).sum(dim=1).to(dtype)  # [N, d_in]
 
-        plan = dropless_route_plan(indices, self.num_experts) if cap is None else _capacity_route_plan(indices, self.num_experts, cap)
+        plan = (
+            dropless_route_plan(indices, self.num_experts)
+            if cap is None
+            else _capacity_route_plan(indices, self.num_experts, cap)
+        )
         if plan.cap is not None:
             xs = z[plan.order // k]  # [P, d_in], P kept pairs
         else:  # dropless: order is a permutation of the N*k pairs

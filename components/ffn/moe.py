@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from components.ffn.base import FFN
-from components.ffn.dense import GLUActivationConfig, GLUMLP
+from components.ffn.dense import GLUMLP, GLUActivationConfig
 from components.ffn.experts import DISPATCH_CHOICES, RoutedExperts
 from components.ffn.router import ROUTER_ACTIVATIONS, Router
 from components.nn.rmsnorm import RMSNorm
@@ -64,11 +64,16 @@ class MoEFFNConfig(GLUActivationConfig):
         if self.num_shared_experts < 0:
             raise ConfigError(f"{key}.num_shared_experts", f"must be >= 0, got {self.num_shared_experts}")
         if self.router_activation not in ROUTER_ACTIVATIONS:
-            raise ConfigError(f"{key}.router_activation", f"must be one of {', '.join(ROUTER_ACTIVATIONS)}, got '{self.router_activation}'")
+            raise ConfigError(
+                f"{key}.router_activation",
+                f"must be one of {', '.join(ROUTER_ACTIVATIONS)}, got '{self.router_activation}'",
+            )
         if not self.routed_scaling_factor > 0:
             raise ConfigError(f"{key}.routed_scaling_factor", f"must be positive, got {self.routed_scaling_factor}")
         if self.capacity_factor is not None and not self.capacity_factor > 0:
-            raise ConfigError(f"{key}.capacity_factor", f"must be positive or null (dropless), got {self.capacity_factor}")
+            raise ConfigError(
+                f"{key}.capacity_factor", f"must be positive or null (dropless), got {self.capacity_factor}"
+            )
         if self.dispatch not in DISPATCH_CHOICES:
             raise ConfigError(f"{key}.dispatch", f"must be one of {', '.join(DISPATCH_CHOICES)}, got '{self.dispatch}'")
 
@@ -86,7 +91,9 @@ class LatentMoEConfig(MoEFFNConfig):
         super().validate(model, key)
         d_model = model.d_model
         if self.resolved_latent_dim(d_model) < 1:
-            what = f"got {self.latent_dim}" if self.latent_dim is not None else f"null gives d_model // 2 = {d_model // 2}"
+            what = (
+                f"got {self.latent_dim}" if self.latent_dim is not None else f"null gives d_model // 2 = {d_model // 2}"
+            )
             raise ConfigError(f"{key}.latent_dim", f"must be >= 1 ({what})")
 
 
@@ -103,22 +110,41 @@ class MoEFFN(FFN):
     stable = False
     compile_friendly = False  # the router's balancing statistics (and data-sized expert dispatches) are eager islands: compiled per layer
 
-    def __init__(self, cfg: MoEFFNConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
+    def __init__(
+        self,
+        cfg: MoEFFNConfig,
+        d_model: int,
+        layer_idx: int = 0,
+        init_std: float = 0.02,
+        out_init_std: Optional[float] = None,
+    ):
         super().__init__(cfg, d_model, layer_idx)
         out_std = out_init_std or init_std
         act = cfg.activation_fn()
         d_e = cfg.resolved_latent_dim(d_model) if self.latent else d_model
         self.gate = Router(
-            d_model, cfg.num_experts, cfg.top_k, cfg.router_activation, cfg.renormalize,
-            cfg.routed_scaling_factor, init_std, layer_idx,
+            d_model,
+            cfg.num_experts,
+            cfg.top_k,
+            cfg.router_activation,
+            cfg.renormalize,
+            cfg.routed_scaling_factor,
+            init_std,
+            layer_idx,
         )
         if self.latent:
             self.routed_expert_down_proj = nn.Linear(d_model, d_e, bias=False)
             nn.init.normal_(self.routed_expert_down_proj.weight, std=init_std)
         # the expert down-projection writes the residual stream only in the full-width variant
         self.experts = RoutedExperts(
-            cfg.num_experts, d_e, cfg.expert_hidden_dim, act, init_std,
-            init_std if self.latent else out_std, cfg.capacity_factor, cfg.dispatch,
+            cfg.num_experts,
+            d_e,
+            cfg.expert_hidden_dim,
+            act,
+            init_std,
+            init_std if self.latent else out_std,
+            cfg.capacity_factor,
+            cfg.dispatch,
         )
         if self.stable:
             self.routed_expert_norm = RMSNorm(d_e, ROUTED_EXPERT_NORM_EPS)
@@ -127,7 +153,8 @@ class MoEFFN(FFN):
             nn.init.normal_(self.routed_expert_up_proj.weight, std=out_std)
         self.shared_experts = (
             GLUMLP(d_model, cfg.num_shared_experts * cfg.expert_hidden_dim, act, init_std, out_std)
-            if cfg.num_shared_experts > 0 else None
+            if cfg.num_shared_experts > 0
+            else None
         )
 
     def routed(self, x: torch.Tensor) -> torch.Tensor:

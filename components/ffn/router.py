@@ -184,7 +184,9 @@ class Router(nn.Module):
 
     @torch.compiler.disable
     @torch.no_grad()
-    def _record(self, scores: torch.Tensor, indices: torch.Tensor, cutoff: torch.Tensor, shape: tuple[int, ...]) -> None:
+    def _record(
+        self, scores: torch.Tensor, indices: torch.Tensor, cutoff: torch.Tensor, shape: tuple[int, ...]
+    ) -> None:
         # Eager even inside a compiled layer (an island, not traced): it mutates per-step Python state and
         # its counts have data-dependent sizes. Everything stays on the device until a balancer's step.
         counts = torch.bincount(indices.flatten(), minlength=self.num_experts)  # [E]

@@ -27,8 +27,14 @@ class WeightsMismatch(ValueError):
     """A checkpoint whose tensors do not fit the model; the message names the first offending tensor."""
 
 
-def export_weights(model: Decoder, folder: str, prefix: str = TEXT_PREFIX, max_shard_bytes: int = 5 << 30,
-                   dtype: Optional[torch.dtype] = None, mxfp4_experts: bool = False) -> list[str]:
+def export_weights(
+    model: Decoder,
+    folder: str,
+    prefix: str = TEXT_PREFIX,
+    max_shard_bytes: int = 5 << 30,
+    dtype: Optional[torch.dtype] = None,
+    mxfp4_experts: bool = False,
+) -> list[str]:
     """Write ``model``'s weights into the empty folder ``folder``; returns the files written. ``dtype``
     casts floating tensors (the selection bias stays fp32); ``mxfp4_experts`` packs routed experts."""
     out = {}
@@ -54,7 +60,9 @@ def _expected(model: Decoder, prefix: str) -> dict[str, tuple[str, torch.Size]]:
     return out
 
 
-def _compare(expected: dict[str, tuple[str, torch.Size]], found: dict[str, tuple[torch.dtype, tuple[int, ...]]], where: str) -> list[str]:
+def _compare(
+    expected: dict[str, tuple[str, torch.Size]], found: dict[str, tuple[torch.dtype, tuple[int, ...]]], where: str
+) -> list[str]:
     """Every checkpoint key the model needs is found with its shape (an expert matrix may be MXFP4:
     ``weight_packed [out, in/2]`` + ``weight_scale [out, in/32]``, uint8); nothing else is there.
     Returns the keys to read, MXFP4 pairs as the packed key."""
@@ -78,7 +86,9 @@ def _compare(expected: dict[str, tuple[str, torch.Size]], found: dict[str, tuple
             for k, s in want.items():
                 dtype, got = found[k]
                 if dtype != torch.uint8 or tuple(got) != s:
-                    raise WeightsMismatch(f"{where}: {k} is {dtype} {list(got)}; MXFP4 for {owner} [{out_dim}, {in_dim}] needs uint8 {list(s)}")
+                    raise WeightsMismatch(
+                        f"{where}: {k} is {dtype} {list(got)}; MXFP4 for {owner} [{out_dim}, {in_dim}] needs uint8 {list(s)}"
+                    )
             used.update(want)
             keys.append(packed_key)
         else:
@@ -128,8 +138,11 @@ def is_checkpoint_folder(path: str) -> bool:
     """Whether ``path`` is a folder of exported weights (config.json beside safetensors)."""
     from components.hf.safetensors_files import INDEX, SINGLE
 
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")) and (
-        os.path.isfile(os.path.join(path, SINGLE)) or os.path.isfile(os.path.join(path, INDEX)))
+    return (
+        os.path.isdir(path)
+        and os.path.isfile(os.path.join(path, "config.json"))
+        and (os.path.isfile(os.path.join(path, SINGLE)) or os.path.isfile(os.path.join(path, INDEX)))
+    )
 
 
 __all__ = ["WeightsMismatch", "check_weights", "export_weights", "import_weights", "is_checkpoint_folder"]

@@ -54,7 +54,11 @@ def checkpoint_config(root: Any, model: Decoder, run_config: dict) -> dict:
     routed = next((layer.ffn for layer in model.layers if layer.ffn.routed_experts() is not None), None)
     act_cfg = dense or (routed.cfg if routed is not None else None)
     if act_cfg is not None:
-        cfg["hidden_act"] = "situ" if act_cfg.activation == "situ_glu" else act_cfg.activation.replace("_glu", "").replace("swiglu", "silu")
+        cfg["hidden_act"] = (
+            "situ"
+            if act_cfg.activation == "situ_glu"
+            else act_cfg.activation.replace("_glu", "").replace("swiglu", "silu")
+        )
         if act_cfg.activation == "situ_glu":
             cfg["activation_situ_beta"] = act_cfg.situ_beta
             cfg["activation_situ_linear_beta"] = act_cfg.situ_linear_beta
@@ -63,28 +67,49 @@ def checkpoint_config(root: Any, model: Decoder, run_config: dict) -> dict:
         cfg["first_k_dense_replace"] = next((i for i, f in enumerate(ffns) if f != "dense"), n)
     if routed is not None:
         r = routed.cfg
-        cfg.update({
-            "num_experts": r.num_experts, "num_experts_per_token": r.top_k, "moe_intermediate_size": r.expert_hidden_dim,
-            "num_shared_experts": r.num_shared_experts, "moe_renormalize": r.renormalize,
-            "moe_router_activation_func": r.router_activation, "routed_scaling_factor": r.routed_scaling_factor,
-            "moe_layer_freq": 1, "topk_method": "noaux_tc", "use_grouped_topk": True, "num_expert_group": 1, "topk_group": 1,
-        })
+        cfg.update(
+            {
+                "num_experts": r.num_experts,
+                "num_experts_per_token": r.top_k,
+                "moe_intermediate_size": r.expert_hidden_dim,
+                "num_shared_experts": r.num_shared_experts,
+                "moe_renormalize": r.renormalize,
+                "moe_router_activation_func": r.router_activation,
+                "routed_scaling_factor": r.routed_scaling_factor,
+                "moe_layer_freq": 1,
+                "topk_method": "noaux_tc",
+                "use_grouped_topk": True,
+                "num_expert_group": 1,
+                "topk_group": 1,
+            }
+        )
         if routed.latent:
             cfg["routed_expert_hidden_size"] = routed.routed_expert_down_proj.weight.shape[0]
             cfg["latent_moe_use_norm"] = bool(routed.stable)
     mla = next((layer.mixer.cfg for layer in model.layers if layer.mixer.cfg.name == "mla"), None)
     if mla is not None:
-        cfg.update({
-            "num_attention_heads": mla.n_heads, "num_key_value_heads": mla.n_heads, "q_lora_rank": mla.q_lora_rank,
-            "kv_lora_rank": mla.kv_lora_rank, "qk_nope_head_dim": mla.qk_nope_head_dim, "qk_rope_head_dim": mla.qk_rope_head_dim,
-            "v_head_dim": mla.v_head_dim, "mla_use_nope": not mla.rope, "mla_use_output_gate": mla.output_gate,
-            "rope_theta": mla.rope_theta,
-        })
+        cfg.update(
+            {
+                "num_attention_heads": mla.n_heads,
+                "num_key_value_heads": mla.n_heads,
+                "q_lora_rank": mla.q_lora_rank,
+                "kv_lora_rank": mla.kv_lora_rank,
+                "qk_nope_head_dim": mla.qk_nope_head_dim,
+                "qk_rope_head_dim": mla.qk_rope_head_dim,
+                "v_head_dim": mla.v_head_dim,
+                "mla_use_nope": not mla.rope,
+                "mla_use_output_gate": mla.output_gate,
+                "rope_theta": mla.rope_theta,
+            }
+        )
     kda = next((layer.mixer.cfg for layer in model.layers if layer.mixer.cfg.name == "kda"), None)
     if kda is not None:
         cfg["linear_attn_config"] = {
-            "num_heads": kda.n_heads, "head_dim": kda.head_dim, "short_conv_kernel_size": kda.conv_size,
-            "gate_lower_bound": kda.gate_lower_bound, "use_full_rank_gate": kda.full_rank_gate,
+            "num_heads": kda.n_heads,
+            "head_dim": kda.head_dim,
+            "short_conv_kernel_size": kda.conv_size,
+            "gate_lower_bound": kda.gate_lower_bound,
+            "use_full_rank_gate": kda.full_rank_gate,
             "kda_layers": [i + 1 for i, m in enumerate(mixers) if m == "kda"],
             "full_attn_layers": [i + 1 for i, m in enumerate(mixers) if m != "kda"],
         }

@@ -26,11 +26,15 @@ _EMAX_ELEM = 2  # the largest E2M1 exponent: 6 = 1.5 * 2**2
 
 def _check(packed: torch.Tensor, scale: torch.Tensor) -> None:
     if packed.dtype != torch.uint8 or scale.dtype != torch.uint8:
-        raise ValueError(f"MXFP4 tensors must be uint8, got weight_packed {packed.dtype} and weight_scale {scale.dtype}")
+        raise ValueError(
+            f"MXFP4 tensors must be uint8, got weight_packed {packed.dtype} and weight_scale {scale.dtype}"
+        )
     cols = packed.shape[-1] * 2
     if cols % GROUP or scale.shape[:-1] != packed.shape[:-1] or scale.shape[-1] != cols // GROUP:
-        raise ValueError(f"MXFP4 shapes do not match: weight_packed {tuple(packed.shape)} holds {cols} columns, "
-                         f"so weight_scale must be {(*packed.shape[:-1], cols // GROUP)}, got {tuple(scale.shape)}")
+        raise ValueError(
+            f"MXFP4 shapes do not match: weight_packed {tuple(packed.shape)} holds {cols} columns, "
+            f"so weight_scale must be {(*packed.shape[:-1], cols // GROUP)}, got {tuple(scale.shape)}"
+        )
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -55,7 +59,9 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = groups.abs().amax(dim=-1)  # [..., in/32]
     # floor(log2(amax)) exactly, from the float's exponent field (log2 rounds near powers of two)
     _, exp = torch.frexp(amax)
-    shared = torch.where(amax > 0, exp.to(torch.int32) - 1 - _EMAX_ELEM, torch.full_like(exp, -E8M0_BIAS, dtype=torch.int32))
+    shared = torch.where(
+        amax > 0, exp.to(torch.int32) - 1 - _EMAX_ELEM, torch.full_like(exp, -E8M0_BIAS, dtype=torch.int32)
+    )
     shared = shared.clamp(-E8M0_BIAS, E8M0_BIAS)
     scaled = groups / torch.exp2(shared.to(torch.float32)).unsqueeze(-1)  # [..., in/32, 32]
     magnitudes = torch.tensor(FP4_MAGNITUDES, dtype=torch.float32, device=w.device)

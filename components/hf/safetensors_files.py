@@ -17,9 +17,18 @@ import torch
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
 }
 _MAX_HEADER = 100 * 1024 * 1024
 
@@ -52,7 +61,9 @@ def read_header(path: str) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
         if key == "__metadata__":
             continue
         if entry.get("dtype") not in DTYPES:
-            raise CheckpointError(f"{path}: tensor {key} has dtype {entry.get('dtype')!r}; readable: {', '.join(DTYPES)}")
+            raise CheckpointError(
+                f"{path}: tensor {key} has dtype {entry.get('dtype')!r}; readable: {', '.join(DTYPES)}"
+            )
         out[key] = (DTYPES[entry["dtype"]], tuple(entry["shape"]))
     return out
 
@@ -66,7 +77,9 @@ def weight_map(folder: str) -> dict[str, str]:
                 data = json.load(f)
             return dict(data["weight_map"])
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise CheckpointError(f"{index}: not a safetensors index ({err!r}); expected a 'weight_map' object") from None
+            raise CheckpointError(
+                f"{index}: not a safetensors index ({err!r}); expected a 'weight_map' object"
+            ) from None
     single = os.path.join(folder, SINGLE)
     if os.path.isfile(single):
         return {key: SINGLE for key in read_header(single)}
@@ -85,7 +98,9 @@ def tensor_infos(folder: str) -> dict[str, TensorInfo]:
                 raise CheckpointError(f"{folder}: the index names {file} (for {key}), which is missing")
             headers[file] = read_header(path)
         if key not in headers[file]:
-            raise CheckpointError(f"{os.path.join(folder, file)}: the index puts {key} here, but the file does not hold it")
+            raise CheckpointError(
+                f"{os.path.join(folder, file)}: the index puts {key} here, but the file does not hold it"
+            )
         dtype, shape = headers[file][key]
         out[key] = TensorInfo(dtype, shape, file)
     return out
@@ -106,7 +121,9 @@ def iter_tensors(folder: str, keys: list[str] | None = None) -> Iterator[tuple[s
                 yield key, f.get_tensor(key)
 
 
-def write_checkpoint(tensors: dict[str, torch.Tensor], folder: str, max_shard_bytes: int, metadata: dict[str, str] | None = None) -> list[str]:
+def write_checkpoint(
+    tensors: dict[str, torch.Tensor], folder: str, max_shard_bytes: int, metadata: dict[str, str] | None = None
+) -> list[str]:
     """Write ``tensors`` into ``folder`` (which must exist and be empty): one ``model.safetensors`` up to
     ``max_shard_bytes``, else shards of at most that size (a larger tensor gets a shard of its own) and
     the index. Returns the files written."""

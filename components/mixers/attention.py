@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.nn.rope import apply_rope, rope_cos_sin
 from components.config import ComponentConfig
 from components.mixers.base import Mixer
 from components.nn.matrix_layout import MatrixLayout
+from components.nn.rope import apply_rope, rope_cos_sin
 from components.nn.segments import Segments
 from components.registry import MIXERS, ConfigError
 
@@ -46,17 +46,27 @@ class AttentionConfig(ComponentConfig):
         if self.n_heads <= 0:
             raise ConfigError(f"{key}.n_heads", f"must be positive, got {self.n_heads}")
         if self.head_dim is None and d_model % self.n_heads:
-            raise ConfigError(f"{key}.n_heads", f"model.d_model={d_model} is not divisible by {key}.n_heads={self.n_heads} (or set {key}.head_dim)")
+            raise ConfigError(
+                f"{key}.n_heads",
+                f"model.d_model={d_model} is not divisible by {key}.n_heads={self.n_heads} (or set {key}.head_dim)",
+            )
         head_dim = self.head_size(d_model)
         if head_dim <= 0:
             raise ConfigError(f"{key}.head_dim", f"must be positive, got {head_dim}")
         if self.rope and head_dim % 2:
-            raise ConfigError(f"{key}.head_dim", f"RoPE needs an even head_dim, got {head_dim} (or set {key}.rope=false)")
+            raise ConfigError(
+                f"{key}.head_dim", f"RoPE needs an even head_dim, got {head_dim} (or set {key}.rope=false)"
+            )
         kv = self.kv_heads()
         if kv <= 0 or self.n_heads % kv:
-            raise ConfigError(f"{key}.n_kv_heads", f"{key}.n_heads={self.n_heads} is not divisible by {key}.n_kv_heads={kv}")
+            raise ConfigError(
+                f"{key}.n_kv_heads", f"{key}.n_heads={self.n_heads} is not divisible by {key}.n_kv_heads={kv}"
+            )
         if self.name == "mha" and kv != self.n_heads:
-            raise ConfigError(f"{key}.n_kv_heads", f"mha uses n_kv_heads = n_heads = {self.n_heads}, got {kv}; use mixer=gqa for fewer K/V heads")
+            raise ConfigError(
+                f"{key}.n_kv_heads",
+                f"mha uses n_kv_heads = n_heads = {self.n_heads}, got {kv}; use mixer=gqa for fewer K/V heads",
+            )
         if self.name == "mqa" and kv != 1:
             raise ConfigError(f"{key}.n_kv_heads", f"mqa uses one K/V head, got {kv}; use mixer=gqa for more")
         if self.name == "gqa" and self.n_kv_heads is None:
@@ -97,7 +107,14 @@ class KVCache:
 class Attention(Mixer):
     """Causal multi-head attention with grouped K/V heads (MHA / GQA / MQA)."""
 
-    def __init__(self, cfg: AttentionConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
+    def __init__(
+        self,
+        cfg: AttentionConfig,
+        d_model: int,
+        layer_idx: int = 0,
+        init_std: float = 0.02,
+        out_init_std: Optional[float] = None,
+    ):
         super().__init__(cfg, d_model, layer_idx)
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.kv_heads()
@@ -122,7 +139,9 @@ class Attention(Mixer):
     def new_cache(self, batch_size: int) -> KVCache:
         return KVCache()
 
-    def forward(self, x: torch.Tensor, state: Optional[KVCache] = None, offset: int = 0, segments: Optional[Segments] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, state: Optional[KVCache] = None, offset: int = 0, segments: Optional[Segments] = None
+    ) -> torch.Tensor:
         if segments is not None and state is not None:
             raise ValueError("attention: document segments are for whole windows, not for decoding from a cache")
         B, T, _ = x.shape
@@ -142,7 +161,9 @@ class Attention(Mixer):
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         if segments is not None:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=segments.attention_mask())  # [B, 1, T, T]: causal, same document
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=segments.attention_mask()
+            )  # [B, 1, T, T]: causal, same document
         elif S == T:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         elif T == 1:
@@ -163,8 +184,12 @@ class Attention(Mixer):
         return 2 * self.n_kv_heads * self.head_dim
 
 
-MIXERS.register("mha", MHAConfig, "Multi-head softmax attention (one K/V head per query head), RoPE or NoPE.")(Attention)
-MIXERS.register("gqa", GQAConfig, "Grouped-query attention: `n_kv_heads` K/V heads shared by groups of query heads.")(Attention)
+MIXERS.register("mha", MHAConfig, "Multi-head softmax attention (one K/V head per query head), RoPE or NoPE.")(
+    Attention
+)
+MIXERS.register("gqa", GQAConfig, "Grouped-query attention: `n_kv_heads` K/V heads shared by groups of query heads.")(
+    Attention
+)
 MIXERS.register("mqa", MQAConfig, "Multi-query attention: one K/V head shared by all query heads.")(Attention)
 
 __all__ = ["Attention", "AttentionConfig", "MHAConfig", "GQAConfig", "MQAConfig", "KVCache"]

@@ -31,7 +31,9 @@ class Mixer(Sublayer):
     init scale of the projection that writes the residual stream (None: ``init_std``).
     """
 
-    def forward(self, x: torch.Tensor, state: Any = None, offset: int = 0, segments: Optional[Segments] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, state: Any = None, offset: int = 0, segments: Optional[Segments] = None
+    ) -> torch.Tensor:
         """``x [B, T, d]`` -> ``[B, T, d]``; ``state`` (from ``new_cache``) is updated in place;
         ``segments`` (``[B, T]`` documents, or None: one per row) keeps the documents apart."""
         raise NotImplementedError

@@ -24,13 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.nn.rmsnorm import rms_norm
-from components.ops.backend import allowed_backends, resolve
-from components.ops.kda import chunk_kda, kda_gate, l2norm, recurrent_kda
 from components.config import ComponentConfig
 from components.mixers.base import Mixer
 from components.nn.matrix_layout import MatrixLayout
+from components.nn.rmsnorm import rms_norm
 from components.nn.segments import Segments
+from components.ops.backend import allowed_backends, resolve
+from components.ops.kda import chunk_kda, kda_gate, l2norm, recurrent_kda
 from components.registry import MIXERS, ConfigError
 
 A_LOG_INITS = ("auto", "zero", "log_uniform")
@@ -72,15 +72,26 @@ class KDAConfig(ComponentConfig):
         if self.chunk_size < 16 or self.chunk_size & (self.chunk_size - 1):
             raise ConfigError(f"{key}.chunk_size", f"must be a power of two >= 16, got {self.chunk_size}")
         if self.gate_lower_bound is not None and not self.gate_lower_bound < 0:
-            raise ConfigError(f"{key}.gate_lower_bound", f"must be negative (or null for the softplus gate), got {self.gate_lower_bound}")
+            raise ConfigError(
+                f"{key}.gate_lower_bound",
+                f"must be negative (or null for the softplus gate), got {self.gate_lower_bound}",
+            )
         if self.a_log_init not in A_LOG_INITS:
-            raise ConfigError(f"{key}.a_log_init", f"'{self.a_log_init}' is not allowed; choose one of {', '.join(A_LOG_INITS)}")
+            raise ConfigError(
+                f"{key}.a_log_init", f"'{self.a_log_init}' is not allowed; choose one of {', '.join(A_LOG_INITS)}"
+            )
         if self.dt_bias_init not in DT_BIAS_INITS:
-            raise ConfigError(f"{key}.dt_bias_init", f"'{self.dt_bias_init}' is not allowed; choose one of {', '.join(DT_BIAS_INITS)}")
+            raise ConfigError(
+                f"{key}.dt_bias_init", f"'{self.dt_bias_init}' is not allowed; choose one of {', '.join(DT_BIAS_INITS)}"
+            )
         if self.backend not in allowed_backends("kda"):
-            raise ConfigError(f"{key}.backend", f"'{self.backend}' is not allowed; choose one of {', '.join(allowed_backends('kda'))}")
+            raise ConfigError(
+                f"{key}.backend", f"'{self.backend}' is not allowed; choose one of {', '.join(allowed_backends('kda'))}"
+            )
         if self.backend == "fla" and self.gate_lower_bound is not None and self.gate_lower_bound < -5:
-            raise ConfigError(f"{key}.gate_lower_bound", f"fla's kernels need a bound in [-5, 0), got {self.gate_lower_bound}")
+            raise ConfigError(
+                f"{key}.gate_lower_bound", f"fla's kernels need a bound in [-5, 0), got {self.gate_lower_bound}"
+            )
 
 
 class KDACache:
@@ -93,8 +104,9 @@ class KDACache:
         self.conv_v: Optional[torch.Tensor] = None
 
 
-def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, prefix: Optional[torch.Tensor],
-                          segments: Optional[Segments] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def causal_depthwise_conv(
+    x: torch.Tensor, weight: torch.Tensor, prefix: Optional[torch.Tensor], segments: Optional[Segments] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """SiLU(causal depthwise conv) of ``x [B, T, P]`` with kernel ``[P, 1, W]``; returns (y, new prefix).
 
     ``prefix`` holds the previous ``W-1`` inputs (zeros at the start of a sequence); the returned
@@ -132,9 +144,18 @@ def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, prefix: Optiona
 class KimiDeltaAttention(Mixer):
     """Kimi Delta Attention: gated delta-rule linear attention with a fixed-size state (K3)."""
 
-    compile_friendly = False  # the chunked kernel (its chunk size read from the data) is an eager island: compiled per layer
+    compile_friendly = (
+        False  # the chunked kernel (its chunk size read from the data) is an eager island: compiled per layer
+    )
 
-    def __init__(self, cfg: KDAConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
+    def __init__(
+        self,
+        cfg: KDAConfig,
+        d_model: int,
+        layer_idx: int = 0,
+        init_std: float = 0.02,
+        out_init_std: Optional[float] = None,
+    ):
         super().__init__(cfg, d_model, layer_idx)
         H, K = cfg.n_heads, cfg.head_dim
         P = H * K
@@ -202,7 +223,9 @@ class KimiDeltaAttention(Mixer):
         return resolve("kda", self.cfg.backend, x.device) == "fla"
 
     # -- forward ----------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, state: Optional[KDACache] = None, offset: int = 0, segments: Optional[Segments] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, state: Optional[KDACache] = None, offset: int = 0, segments: Optional[Segments] = None
+    ) -> torch.Tensor:
         if segments is not None and state is not None:
             raise ValueError("kda: document segments are for whole windows, not for decoding from a cache")
         B, T, _ = x.shape
@@ -228,14 +251,25 @@ class KimiDeltaAttention(Mixer):
                     # a few decode steps: the plain recurrence is cheaper than setting up chunks
                     o, final = recurrent_kda(q, k, v, g, beta, initial_state=initial, output_final_state=True)
                 else:
-                    o, final = chunk_kda(q, k, v, g, beta, initial_state=initial, output_final_state=want_state,
-                                         chunk_size=self.cfg.chunk_size, segments=segments)
+                    o, final = chunk_kda(
+                        q,
+                        k,
+                        v,
+                        g,
+                        beta,
+                        initial_state=initial,
+                        output_final_state=want_state,
+                        chunk_size=self.cfg.chunk_size,
+                        segments=segments,
+                    )
         if state is not None:
             state.state, state.conv_q, state.conv_k, state.conv_v = final, cq, ck, cv
 
         gate = self.g_proj(x) if self.cfg.full_rank_gate else self.g_b_proj(self.g_a_proj(x))
         wide = self._fp32_or_wider(x)  # fp32 for bf16/fp32 models; fp64 stays exact
-        o = rms_norm(o.to(wide), self.o_norm.weight.to(wide), self.cfg.norm_eps) * torch.sigmoid(gate.to(wide).view(B, T, H, K))
+        o = rms_norm(o.to(wide), self.o_norm.weight.to(wide), self.cfg.norm_eps) * torch.sigmoid(
+            gate.to(wide).view(B, T, H, K)
+        )
         return self.o_proj(o.reshape(B, T, H * K).to(x.dtype))
 
     @staticmethod

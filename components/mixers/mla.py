@@ -24,11 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.nn.rmsnorm import RMSNorm
-from components.nn.rope import apply_rope, rope_cos_sin
 from components.config import ComponentConfig
 from components.mixers.base import Mixer
 from components.nn.matrix_layout import MatrixLayout
+from components.nn.rmsnorm import RMSNorm
+from components.nn.rope import apply_rope, rope_cos_sin
 from components.nn.segments import Segments
 from components.registry import MIXERS, ConfigError
 
@@ -70,7 +70,10 @@ class MLAConfig(ComponentConfig):
             if value <= 0:
                 raise ConfigError(f"{key}.{field}", f"must be positive, got {value}")
         if self.rope and self.qk_rope_head_dim % 2:
-            raise ConfigError(f"{key}.qk_rope_head_dim", f"RoPE needs an even qk_rope_head_dim, got {self.qk_rope_head_dim} (or set {key}.rope=false)")
+            raise ConfigError(
+                f"{key}.qk_rope_head_dim",
+                f"RoPE needs an even qk_rope_head_dim, got {self.qk_rope_head_dim} (or set {key}.rope=false)",
+            )
         if self.rope_theta <= 0:
             raise ConfigError(f"{key}.rope_theta", f"must be positive, got {self.rope_theta}")
         if self.lora_norm_eps <= 0:
@@ -103,7 +106,14 @@ def _causal_mask(T: int, S: int, device: torch.device) -> torch.Tensor:
 class MLA(Mixer):
     """Multi-head latent attention (K3 / DeepSeek MLA) with a latent-only cache and absorbed decoding."""
 
-    def __init__(self, cfg: MLAConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
+    def __init__(
+        self,
+        cfg: MLAConfig,
+        d_model: int,
+        layer_idx: int = 0,
+        init_std: float = 0.02,
+        out_init_std: Optional[float] = None,
+    ):
         super().__init__(cfg, d_model, layer_idx)
         self.n_heads = H = cfg.n_heads
         self.kv_lora_rank = r = cfg.kv_lora_rank
@@ -139,7 +149,9 @@ class MLA(Mixer):
         (q_a_proj, kv_a_proj_with_mqa) are shared by all heads and stay whole."""
         H = self.n_heads
         layouts = {"kv_b_proj.weight": MatrixLayout(H, 0, qkv=True), "o_proj.weight": MatrixLayout(H, 1)}
-        layouts["q_b_proj.weight" if self.cfg.q_lora_rank is not None else "q_proj.weight"] = MatrixLayout(H, 0, qkv=True)
+        layouts["q_b_proj.weight" if self.cfg.q_lora_rank is not None else "q_proj.weight"] = MatrixLayout(
+            H, 0, qkv=True
+        )
         if self.cfg.output_gate:
             layouts["g_proj.weight"] = MatrixLayout(H, 0)
         return layouts
@@ -161,7 +173,10 @@ class MLA(Mixer):
         return self.n_heads * (self.kv_lora_rank + self.rope_dim + self.kv_lora_rank)
 
     def decode_macs(self) -> dict[str, int]:
-        return {"prefill_macs_per_cached_position": self.prefill_macs_per_key(), "decode_macs_per_cached_position": self.decode_macs_per_key()}
+        return {
+            "prefill_macs_per_cached_position": self.prefill_macs_per_key(),
+            "decode_macs_per_cached_position": self.decode_macs_per_key(),
+        }
 
     def flops_per_token(self, seq_len: int) -> float:
         # expanded order (training); a causal query sees (seq_len + 1) / 2 keys on average
@@ -174,8 +189,14 @@ class MLA(Mixer):
         return w[:, : self.nope_dim], w[:, self.nope_dim :]
 
     # -- forward ----------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, state: Optional[MLACache] = None, offset: int = 0, segments: Optional[Segments] = None,
-                order: Optional[str] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        state: Optional[MLACache] = None,
+        offset: int = 0,
+        segments: Optional[Segments] = None,
+        order: Optional[str] = None,
+    ) -> torch.Tensor:
         """``x`` ``[B, T, d]`` -> ``[B, T, d]``. ``order`` forces "expanded" or "absorbed"; None: absorbed
         when decoding from a cache (if ``absorbed_decode``), expanded otherwise. ``segments``: attend
         within each document only (not with a cache)."""
@@ -215,8 +236,14 @@ class MLA(Mixer):
             o = o * torch.sigmoid(self.g_proj(x))
         return self.o_proj(o)
 
-    def _expanded(self, qc: torch.Tensor, qr: torch.Tensor, c: torch.Tensor, kr: torch.Tensor,
-                  doc_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _expanded(
+        self,
+        qc: torch.Tensor,
+        qr: torch.Tensor,
+        c: torch.Tensor,
+        kr: torch.Tensor,
+        doc_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Per-head K/V from the latent, causal SDPA (``doc_mask [B, 1, T, T]``: causal and same
         document, instead). Returns ``[B, H, T, v]``."""
         B, H, T, _ = qc.shape
@@ -235,8 +262,14 @@ class MLA(Mixer):
         mask = _causal_mask(T, S, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
 
-    def _absorbed(self, qc: torch.Tensor, qr: torch.Tensor, c: torch.Tensor, kr: torch.Tensor,
-                  doc_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _absorbed(
+        self,
+        qc: torch.Tensor,
+        qr: torch.Tensor,
+        c: torch.Tensor,
+        kr: torch.Tensor,
+        doc_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Scores and aggregation in latent space (docs/k3.md §3.3); ``doc_mask`` as in ``_expanded``.
         Returns ``[B, H, T, v]``."""
         T, S = qc.shape[2], c.shape[1]

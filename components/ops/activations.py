@@ -87,7 +87,12 @@ def _triton_module() -> ModuleType:
 
 def _triton_applies(gate: torch.Tensor, up: torch.Tensor) -> bool:
     # one layout and dtype for both inputs; fp64 stays on the reference so it keeps fp64 accuracy
-    return up.device == gate.device and gate.shape == up.shape and gate.dtype == up.dtype and gate.dtype in _triton_module().SUPPORTED_DTYPES
+    return (
+        up.device == gate.device
+        and gate.shape == up.shape
+        and gate.dtype == up.dtype
+        and gate.dtype in _triton_module().SUPPORTED_DTYPES
+    )
 
 
 def situ_glu(

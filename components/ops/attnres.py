@@ -115,8 +115,13 @@ def _read_fla(
     residuals = [_aligned(u) for u in residuals]
     # fla's rms_eps defaults to 1e-6; K3 uses 1e-5. scale=1.0: AttnRes has no temperature.
     return kernel(
-        query, residuals, norm_weight,
-        output_rms_weight=None, rms_eps=eps, scale=1.0, return_weights=return_weights,
+        query,
+        residuals,
+        norm_weight,
+        output_rms_weight=None,
+        rms_eps=eps,
+        scale=1.0,
+        return_weights=return_weights,
     )
 
 

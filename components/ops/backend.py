@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-
 from typing import Callable, Union
 
 import torch
@@ -89,9 +88,13 @@ def resolve(op: str, choice: str, device: torch.device, applies: Union[bool, Cal
     if choice == "auto":
         return kernel if on_device and _applies(applies) and available(kernel) else "torch"
     if not available(kernel):
-        raise RuntimeError(f"{op}: backend '{kernel}' is not importable on this machine (install {'fla-core' if kernel == 'fla' else 'triton'}); use backend torch or auto")
+        raise RuntimeError(
+            f"{op}: backend '{kernel}' is not importable on this machine (install {'fla-core' if kernel == 'fla' else 'triton'}); use backend torch or auto"
+        )
     if not on_device:
-        raise RuntimeError(f"{op}: backend '{kernel}' is a Triton kernel and needs CUDA tensors, got {device.type}; use backend torch or auto")
+        raise RuntimeError(
+            f"{op}: backend '{kernel}' is a Triton kernel and needs CUDA tensors, got {device.type}; use backend torch or auto"
+        )
     if not _applies(applies):
         raise RuntimeError(f"{op}: backend '{kernel}' does not support these inputs; use backend torch or auto")
     return kernel

@@ -31,6 +31,7 @@ from components.nn.segments import Segments
 
 __all__ = ["chunk_kda", "kda_gate", "l2norm", "recurrent_kda"]
 
+
 def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     # fp32 math for half types; fp64 inputs stay fp64 so float64 tests can be tight
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
@@ -130,7 +131,9 @@ def recurrent_kda(
     keep = (~segments.starts).to(dt).unbind(1) if segments is not None else [None] * T  # T x [B]
     # unbind once: indexing x[:, t] inside the loop would make autograd scatter a full-size
     # gradient per step (quadratic in T)
-    for q_t, k_t, v_t, a_t, b_t, keep_t in zip(q.unbind(1), k.unbind(1), v.unbind(1), alpha.unbind(1), beta.unbind(1), keep):
+    for q_t, k_t, v_t, a_t, b_t, keep_t in zip(
+        q.unbind(1), k.unbind(1), v.unbind(1), alpha.unbind(1), beta.unbind(1), keep
+    ):
         if keep_t is not None:
             S = S * keep_t[:, None, None, None]
         S = S * a_t.unsqueeze(-1)  # decay: rows are key channels
@@ -432,8 +435,14 @@ class _ChunkKDA(torch.autograd.Function):
         if keep is not None:
             Sst[0].mul_(keep[0])
         per_chunk = lambda x: x.unflatten(0, (N, BH)).unbind(0)  # noqa: E731
-        steps = zip(per_chunk(W), per_chunk(gam.transpose(-1, -2)), per_chunk(kd.transpose(-1, -2)),
-                    U.unbind(0), Sst[:N].unbind(0), Sst[1:].unbind(0))
+        steps = zip(
+            per_chunk(W),
+            per_chunk(gam.transpose(-1, -2)),
+            per_chunk(kd.transpose(-1, -2)),
+            U.unbind(0),
+            Sst[:N].unbind(0),
+            Sst[1:].unbind(0),
+        )
         # in-place baddbmm_ / elementwise out= only: an out-of-place baddbmm copies its input
         # first and does not use the second core at these sizes
         for n, (W_n, gam_n, kdT_n, U_n, S_n, S_next) in enumerate(steps):
@@ -453,8 +462,14 @@ class _ChunkKDA(torch.autograd.Function):
         ctx.mode = mode
         ctx.keep = keep
         ctx.meta = (B, T, H, K, V, C, N, dt, scale, initial_state is not None)
-        ctx.in_dtypes = (q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype,
-                         None if initial_state is None else initial_state.dtype)
+        ctx.in_dtypes = (
+            q.dtype,
+            k.dtype,
+            v.dtype,
+            g.dtype,
+            beta.dtype,
+            None if initial_state is None else initial_state.dtype,
+        )
         final = Sst[N].view(B, H, K, V).clone() if output_final_state else None
         return o, final
 
@@ -481,8 +496,15 @@ class _ChunkKDA(torch.autograd.Function):
             dS[N].copy_(dfinal.reshape(BH, K, V))
         # dU = A^T dO + kd dS' and dS = P + gam dS' - W^T dU (U = U0 - W S); -dU is kept per chunk
         per_chunk = lambda x: x.unflatten(0, (N, BH)).unbind(0)  # noqa: E731
-        steps = zip(per_chunk(kd), per_chunk(P), per_chunk(gam.transpose(-1, -2)), per_chunk(W.transpose(-1, -2)),
-                    dUn.unbind(0), dS[1:].unbind(0), dS[:N].unbind(0))
+        steps = zip(
+            per_chunk(kd),
+            per_chunk(P),
+            per_chunk(gam.transpose(-1, -2)),
+            per_chunk(W.transpose(-1, -2)),
+            dUn.unbind(0),
+            dS[1:].unbind(0),
+            dS[:N].unbind(0),
+        )
         keep = ctx.keep
         for n, (kd_n, P_n, gam_n, WT_n, dUn_n, dS_next, dS_n) in reversed(list(enumerate(steps))):
             dUn_n.baddbmm_(kd_n, dS_next, alpha=-1.0)  # -dU   [BH, C, V]

@@ -17,6 +17,12 @@ class AdamWConfig(OptimizerConfig):
     name: str = "adamw"
 
 
-@OPTIMIZERS.register("adamw", AdamWConfig, "AdamW on every parameter; weight decay on matrices, not on gains, biases or marked parameters.")
+@OPTIMIZERS.register(
+    "adamw",
+    AdamWConfig,
+    "AdamW on every parameter; weight decay on matrices, not on gains, biases or marked parameters.",
+)
 def build_adamw(cfg: AdamWConfig, model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(adamw_param_groups(unique_trainable(model), cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    return torch.optim.AdamW(
+        adamw_param_groups(unique_trainable(model), cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps
+    )

@@ -42,8 +42,12 @@ class OptimizerConfig(ComponentConfig):
         if self.warmup_steps < 0:
             raise ConfigError(f"{key}.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         if self.schedule not in SCHEDULES:
-            raise ConfigError(f"{key}.schedule", f"'{self.schedule}' is not allowed; choose one of {', '.join(SCHEDULES)}")
+            raise ConfigError(
+                f"{key}.schedule", f"'{self.schedule}' is not allowed; choose one of {', '.join(SCHEDULES)}"
+            )
         if not 0 < self.decay_fraction <= 1:
             raise ConfigError(f"{key}.decay_fraction", f"must be in (0, 1], got {self.decay_fraction}")
         if self.decay_shape not in DECAY_SHAPES:
-            raise ConfigError(f"{key}.decay_shape", f"'{self.decay_shape}' is not allowed; choose one of {', '.join(DECAY_SHAPES)}")
+            raise ConfigError(
+                f"{key}.decay_shape", f"'{self.decay_shape}' is not allowed; choose one of {', '.join(DECAY_SHAPES)}"
+            )

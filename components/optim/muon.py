@@ -41,7 +41,9 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
 
 
-def newton_schulz(update: Tensor, steps: int = 5, coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS) -> Tensor:
+def newton_schulz(
+    update: Tensor, steps: int = 5, coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS
+) -> Tensor:
     """Quintic Newton-Schulz iteration towards the orthogonal factor of each trailing matrix.
 
     ``update`` is ``[..., A, B]``; leading dims are independent matrices. Runs in bf16 (as the reference
@@ -118,8 +120,27 @@ class Muon(torch.optim.Optimizer):
     (plain tuples, so the optimizer state loads with ``torch.load(weights_only=True)``).
     """
 
-    def __init__(self, param_groups: Iterable[dict], lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8):
-        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, betas=tuple(betas), eps=eps, use_muon=False)
+    def __init__(
+        self,
+        param_groups: Iterable[dict],
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+    ):
+        defaults = dict(
+            lr=lr,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_steps=ns_steps,
+            betas=tuple(betas),
+            eps=eps,
+            use_muon=False,
+        )
         super().__init__(list(param_groups), defaults)
         for group in self.param_groups:
             if group["use_muon"]:
@@ -208,13 +229,37 @@ class MuonConfig(OptimizerConfig):
         if not 1 <= self.ns_steps < 100:
             raise ConfigError(f"{key}.ns_steps", f"must be in [1, 99], got {self.ns_steps}")
         if self.per_head_scope not in PER_HEAD_SCOPES:
-            raise ConfigError(f"{key}.per_head_scope", f"'{self.per_head_scope}' is not allowed; choose one of {', '.join(PER_HEAD_SCOPES)}")
+            raise ConfigError(
+                f"{key}.per_head_scope",
+                f"'{self.per_head_scope}' is not allowed; choose one of {', '.join(PER_HEAD_SCOPES)}",
+            )
 
 
-@OPTIMIZERS.register("muon", MuonConfig, "Muon (Moonlight, RMS-matched to AdamW) on hidden matrices, per head optionally; AdamW on the rest.")
+@OPTIMIZERS.register(
+    "muon",
+    MuonConfig,
+    "Muon (Moonlight, RMS-matched to AdamW) on hidden matrices, per head optionally; AdamW on the rest.",
+)
 def build_muon(cfg: MuonConfig, model: nn.Module) -> Muon:
     muon, adamw = muon_partition(model, cfg.per_head, cfg.per_head_scope)
     groups = adamw_param_groups(adamw, cfg.weight_decay)
     if muon:
-        groups.insert(0, {"params": [p for _, p, _ in muon], "layouts": [layout for _, _, layout in muon], "use_muon": True, "weight_decay": cfg.weight_decay})
-    return Muon(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, betas=tuple(cfg.betas), eps=cfg.eps)
+        groups.insert(
+            0,
+            {
+                "params": [p for _, p, _ in muon],
+                "layouts": [layout for _, _, layout in muon],
+                "use_muon": True,
+                "weight_decay": cfg.weight_decay,
+            },
+        )
+    return Muon(
+        groups,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        ns_steps=cfg.ns_steps,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
+    )

@@ -38,7 +38,11 @@ def unique_trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 def adamw_param_groups(params: list[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict[str, Any]]:
     decay = [p for _, p in params if _decays(p)]
     no_decay = [p for _, p in params if not _decays(p)]
-    return [g for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    return [
+        g
+        for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0})
+        if g["params"]
+    ]
 
 
 def declared_layouts(model: nn.Module) -> dict[str, MatrixLayout]:
@@ -55,7 +59,9 @@ def declared_layouts(model: nn.Module) -> dict[str, MatrixLayout]:
 PER_HEAD_SCOPES = ("qkv", "all")
 
 
-def muon_partition(model: nn.Module, per_head: bool, scope: str = "qkv") -> tuple[list[tuple[str, nn.Parameter, MatrixLayout]], list[tuple[str, nn.Parameter]]]:
+def muon_partition(
+    model: nn.Module, per_head: bool, scope: str = "qkv"
+) -> tuple[list[tuple[str, nn.Parameter, MatrixLayout]], list[tuple[str, nn.Parameter]]]:
     """(Muon parameters with their layouts, AdamW parameters)."""
     if scope not in PER_HEAD_SCOPES:
         raise ValueError(f"per-head scope must be one of {', '.join(PER_HEAD_SCOPES)}, got {scope!r}")
@@ -66,7 +72,11 @@ def muon_partition(model: nn.Module, per_head: bool, scope: str = "qkv") -> tupl
         layout = layouts.get(name)
         if layout is not None:
             split = per_head and (scope == "all" or layout.qkv)
-            layout = MatrixLayout(layout.heads, layout.axis, layout.stacked) if split else MatrixLayout(stacked=layout.stacked)
+            layout = (
+                MatrixLayout(layout.heads, layout.axis, layout.stacked)
+                if split
+                else MatrixLayout(stacked=layout.stacked)
+            )
         if layout is None and p.ndim == 2 and min(p.shape) > 1:
             layout = MatrixLayout()
         if id(p) in outside or layout is None:

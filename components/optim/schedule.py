@@ -32,8 +32,15 @@ def _shaped(progress: float, shape: str, min_ratio: float) -> float:
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float,
-              decay_fraction: float = 0.2, decay_shape: str = "linear") -> float:
+def lr_lambda(
+    step: int,
+    warmup: int,
+    total: int,
+    schedule: str,
+    min_ratio: float,
+    decay_fraction: float = 0.2,
+    decay_shape: str = "linear",
+) -> float:
     """Multiplier of the peak learning rate at ``step`` of ``total``: linear warmup, then the chosen
     decay. A function of the step alone, so a run's result never depends on the machine's speed."""
     if warmup > 0 and step < warmup:

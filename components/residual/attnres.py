@@ -51,9 +51,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from components.config import ComponentConfig
 from components.nn.rmsnorm import RMSNorm
 from components.ops.attnres import attnres_read
-from components.config import ComponentConfig
 from components.ops.backend import allowed_backends
 from components.registry import RESIDUALS, ConfigError
 from components.residual.base import ResidualScheme
@@ -184,7 +184,9 @@ class _AttnResBase(ResidualScheme):
             return checkpoint(self._read_and_norm, query, gain, norm, *sources, use_reentrant=False)
         return self._read_and_norm(query, gain, norm, *sources)
 
-    def _read_and_norm(self, query: torch.Tensor, gain: torch.Tensor, norm: Optional[nn.Module], *sources: torch.Tensor) -> torch.Tensor:
+    def _read_and_norm(
+        self, query: torch.Tensor, gain: torch.Tensor, norm: Optional[nn.Module], *sources: torch.Tensor
+    ) -> torch.Tensor:
         # a list, not a stack: autograd then keeps references to the sources instead of a copy per read
         h = attnres_read(list(sources), query, gain, self.eps, backend=self.backend)
         return h if norm is None else norm(h)
@@ -253,7 +255,9 @@ class FullAttnRes(_AttnResBase):
 
     def read(self, state: tuple[torch.Tensor, ...], sublayer: int, norm: Optional[nn.Module] = None) -> torch.Tensor:
         if len(state) != sublayer + 1:
-            raise RuntimeError(f"full_attnres: read of sublayer {sublayer} with {len(state)} sources (expected {sublayer + 1})")
+            raise RuntimeError(
+                f"full_attnres: read of sublayer {sublayer} with {len(state)} sources (expected {sublayer + 1})"
+            )
         # sublayer 0 has one source: weight exactly 1, so h is the embedding (the query still joins the graph)
         return self._read(list(state), sublayer, norm)
 

@@ -98,7 +98,10 @@ class DepthWeights(L.Callback):
         if os.path.exists(path):
             with open(path) as f:
                 history = json.load(f)
-        rows = [{"sublayer": r["sublayer"], "weights": [None if math.isnan(w) else w for w in r["weights"]]} for r in entry["rows"]]
+        rows = [
+            {"sublayer": r["sublayer"], "weights": [None if math.isnan(w) else w for w in r["weights"]]}
+            for r in entry["rows"]
+        ]
         history.append({"step": entry["step"], "sources": entry["sources"], "rows": rows})
         tmp = path + ".tmp"
         with open(tmp, "w") as f:

@@ -26,7 +26,9 @@ class FaultInjection(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.position = trainer.datamodule.start_batch if trainer.datamodule is not None else 0
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self.position == self.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
         self.position += 1

@@ -33,7 +33,9 @@ class StepProgressBar(TQDMProgressBar):
         bar.last_print_n = trainer.global_step
         bar.set_description("train")
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         bar = self.train_progress_bar
         step = trainer.global_step
         if bar is None or bar.disable or step == bar.n:

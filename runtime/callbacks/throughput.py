@@ -58,7 +58,9 @@ class Throughput(L.Callback):
             self.peak, self.peak_source = peak_flops(pl_module.device, str(trainer.precision))
         self._last = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._tokens += self.tokens_per_micro_batch
         if trainer.fit_loop._should_accumulate():
             return
@@ -71,7 +73,12 @@ class Throughput(L.Callback):
             tps = self._tokens / elapsed
             pl_module.log("perf/tokens_per_s", tps, on_step=True, on_epoch=False, prog_bar=True)
             if self.peak:
-                pl_module.log("perf/mfu", tps * self.flops_per_token / (self.peak * trainer.world_size), on_step=True, on_epoch=False)
+                pl_module.log(
+                    "perf/mfu",
+                    tps * self.flops_per_token / (self.peak * trainer.world_size),
+                    on_step=True,
+                    on_epoch=False,
+                )
         pl_module.log("perf/tokens", float(self.total_tokens), on_step=True, on_epoch=False)
         self._tokens = 0
 

@@ -14,13 +14,29 @@ from analysis.compare import collect, compare, main
 def fake_run(root: Path, job: int, varied: dict, final_loss: float, sweep: Path) -> None:
     run_dir = root / str(job)
     run_dir.mkdir(parents=True)
-    (run_dir / "summary.json").write_text(json.dumps({"name": f"run{job}", "steps": 10, "tokens_per_s": 1000.0, "params": 5,
-                                                       "active_params": 5, "val": {"loss": final_loss, "bpb": final_loss * 1.4427}}))
-    rows = [{"step": s, "train/loss": 5.0 - 0.3 * s} for s in range(10)] + [{"step": 4, "val/loss": final_loss + 0.5}, {"step": 9, "val/loss": final_loss}]
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "name": f"run{job}",
+                "steps": 10,
+                "tokens_per_s": 1000.0,
+                "params": 5,
+                "active_params": 5,
+                "val": {"loss": final_loss, "bpb": final_loss * 1.4427},
+            }
+        )
+    )
+    rows = [{"step": s, "train/loss": 5.0 - 0.3 * s} for s in range(10)] + [
+        {"step": 4, "val/loss": final_loss + 0.5},
+        {"step": 9, "val/loss": final_loss},
+    ]
     (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (run_dir / "wandb" / "offline-run-x").mkdir(parents=True)
     with open(sweep / "index.jsonl", "a") as f:
-        f.write(json.dumps({"job": job, "run_dir": str(run_dir), "status": "finished", "overrides": [], "varied": varied}) + "\n")
+        f.write(
+            json.dumps({"job": job, "run_dir": str(run_dir), "status": "finished", "overrides": [], "varied": varied})
+            + "\n"
+        )
 
 
 @pytest.fixture
@@ -74,8 +90,14 @@ def test_runs_with_attnres_get_one_depth_figure_each_named_by_their_options(tmp_
     sweep.mkdir()
     fake_run(sweep, 0, {"point": "block2"}, 1.0, sweep)
     fake_run(sweep, 1, {"point": "plain"}, 1.0, sweep)
-    entry = {"step": 9, "sources": ["embedding", "block 1", "partial"],
-             "rows": [{"sublayer": "L0.attn", "weights": [1.0, None, None]}, {"sublayer": "final", "weights": [0.2, 0.5, 0.3]}]}
+    entry = {
+        "step": 9,
+        "sources": ["embedding", "block 1", "partial"],
+        "rows": [
+            {"sublayer": "L0.attn", "weights": [1.0, None, None]},
+            {"sublayer": "final", "weights": [0.2, 0.5, 0.3]},
+        ],
+    }
     (sweep / "0" / "depth_weights.json").write_text(json.dumps([entry]))
     result = compare([str(sweep)], str(tmp_path / "out"))
     depth = [Path(p) for p in result["images"] if Path(p).name.startswith("depth_")]

@@ -50,23 +50,51 @@ class FakeApi:
 @pytest.fixture(scope="module")
 def offline_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("wandb_run")
-    result = run_train(*FAST, "trainer.max_steps=4", "trainer.val_check_interval=2", "logger=wandb", f"output_root={out}", env={"WANDB_MODE": "offline"})
+    result = run_train(
+        *FAST,
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "logger=wandb",
+        f"output_root={out}",
+        env={"WANDB_MODE": "offline"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (wandb_dir,) = (only_run_dir(out) / "wandb").glob("offline-run-*")
     cli = str(Path(sys.executable).with_name("wandb"))
-    info = json.loads(subprocess.run([cli, "leet", "inspect", "--summary", "--json", str(wandb_dir)], capture_output=True, text=True, timeout=120, check=True).stdout)
-    lines = subprocess.run([cli, "leet", "inspect", "--json", str(wandb_dir)], capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
+    info = json.loads(
+        subprocess.run(
+            [cli, "leet", "inspect", "--summary", "--json", str(wandb_dir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+    )
+    lines = subprocess.run(
+        [cli, "leet", "inspect", "--json", str(wandb_dir)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.splitlines()
     history = [json.loads(line)["history"]["item"] for line in lines if '"type":"history"' in line]
     return info, history
 
 
 def test_compare_reads_an_online_group_like_a_sweep_folder(offline_run, tmp_path):
     info, history = offline_run
-    assert {"params", "active_params", "tokens_per_s", "steps"} <= set(info["summary"])  # written at the end of training
-    assert any("train/loss" in h for h in history) and all("trainer/global_step" in h for h in history if "train/loss" in h)
+    assert {"params", "active_params", "tokens_per_s", "steps"} <= set(
+        info["summary"]
+    )  # written at the end of training
+    assert any("train/loss" in h for h in history) and all(
+        "trainer/global_step" in h for h in history if "train/loss" in h
+    )
     runs = [
         FakeRun("a1", "run-a", [*info["tags"], "point=a", "seed=0"], info["summary"], history, group="sweep-x"),
-        FakeRun("b1", "run-b", [*info["tags"], "point=b", "seed=0"], {**info["summary"], "val/loss": info["summary"]["val/loss"] + 0.5}, history, group="sweep-x"),
+        FakeRun(
+            "b1",
+            "run-b",
+            [*info["tags"], "point=b", "seed=0"],
+            {**info["summary"], "val/loss": info["summary"]["val/loss"] + 0.5},
+            history,
+            group="sweep-x",
+        ),
         FakeRun("c1", "run-c", ["point=c"], info["summary"], history, group="other"),
         FakeRun("d1", "run-d", ["point=d"], info["summary"], history, group="sweep-x", state="running"),
     ]
@@ -84,8 +112,15 @@ def test_compare_reads_an_online_group_like_a_sweep_folder(offline_run, tmp_path
 
 
 def test_history_rows_become_metrics_records():
-    rows = [{"_step": 0, "_runtime": 1.0, "trainer/global_step": 3, "train/loss": 2.5}, {"_step": 1, "val/loss": 2.0}, {"_step": 2}]
+    rows = [
+        {"_step": 0, "_runtime": 1.0, "trainer/global_step": 3, "train/loss": 2.5},
+        {"_step": 1, "val/loss": 2.0},
+        {"_step": 2},
+    ]
     assert wandb_source.history_records(rows) == [{"step": 3, "train/loss": 2.5}, {"step": 1, "val/loss": 2.0}]
-    assert wandb_source.varied_from_tags(["mixer:gqa", "point=mla", "ffn.activation=swiglu"]) == {"point": "mla", "ffn.activation": "swiglu"}
+    assert wandb_source.varied_from_tags(["mixer:gqa", "point=mla", "ffn.activation=swiglu"]) == {
+        "point": "mla",
+        "ffn.activation": "swiglu",
+    }
     with pytest.raises(ValueError, match="wandb:ENTITY/PROJECT"):
         wandb_source.parse_path("wandb:just-a-project")

@@ -16,8 +16,19 @@ from analysis.evaluate import main, position_buckets
 from tests.helpers import run_train
 from tests.training.test_train import only_run_dir
 
-RUN = ["model=tiny", "mixer=gqa", "data=corpus", "data.seq_len=32", "data.batch_size=8", "data.val_tokens=512", "trainer.max_steps=3",
-       "trainer.val_check_interval=100", "trainer.enable_progress_bar=false", "trainer.max_time_minutes=null", "trainer.compile=false"]
+RUN = [
+    "model=tiny",
+    "mixer=gqa",
+    "data=corpus",
+    "data.seq_len=32",
+    "data.batch_size=8",
+    "data.val_tokens=512",
+    "trainer.max_steps=3",
+    "trainer.val_check_interval=100",
+    "trainer.enable_progress_bar=false",
+    "trainer.max_time_minutes=null",
+    "trainer.compile=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +54,13 @@ def test_lengths_reproduce_the_validation_loss_and_split_it_by_position(trained,
         assert sum(b["tokens"] for b in r["buckets"]) == r["windows"] * r["length"]
         weighted = sum(b["loss"] * b["tokens"] for b in r["buckets"] if b["tokens"]) / (r["windows"] * r["length"])
         assert weighted == pytest.approx(r["loss"], rel=1e-6)
-    assert [(b["from"], b["to"]) for b in record["results"][2]["buckets"]] == [(0, 8), (8, 16), (16, 32), (32, 64), (64, 128)]
+    assert [(b["from"], b["to"]) for b in record["results"][2]["buckets"]] == [
+        (0, 8),
+        (8, 16),
+        (16, 32),
+        (32, 64),
+        (64, 128),
+    ]
     assert "by position" in capsys.readouterr().out
 
     # into the run's W&B run: a new offline segment of the same id (wandb sync merges them)
@@ -51,8 +68,16 @@ def test_lengths_reproduce_the_validation_loss_and_split_it_by_position(trained,
     segments = sorted((trained / "wandb").glob(f"offline-run-*-{wandb_id}"))
     assert len(segments) == 2
     cli = str(Path(sys.executable).with_name("wandb"))
-    inspected = subprocess.run([cli, "leet", "inspect", "--summary", "--json", str(segments[-1])], capture_output=True, text=True, timeout=120, check=True)
-    assert json.loads(inspected.stdout)["summary"]["eval/length_128/loss"] == pytest.approx(record["results"][2]["loss"])
+    inspected = subprocess.run(
+        [cli, "leet", "inspect", "--summary", "--json", str(segments[-1])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(inspected.stdout)["summary"]["eval/length_128/loss"] == pytest.approx(
+        record["results"][2]["loss"]
+    )
 
     # and beside the training metrics in analysis.compare
     out = compare([str(trained)], str(trained.parent / "cmp"))
@@ -93,5 +118,8 @@ def test_with_document_masking_the_position_is_the_one_within_the_document():
     from analysis.evaluate import positions_in_context
 
     x = torch.tensor([[5, 0, 3, 4, 0, 7], [1, 2, 3, 4, 5, 6]])
-    assert positions_in_context(x, eod_id=0).tolist() == [[0, 0, 1, 2, 0, 1], [0, 1, 2, 3, 4, 5]]  # eod begins a document
+    assert positions_in_context(x, eod_id=0).tolist() == [
+        [0, 0, 1, 2, 0, 1],
+        [0, 1, 2, 3, 4, 5],
+    ]  # eod begins a document
     assert positions_in_context(x, eod_id=None).tolist() == [list(range(6))] * 2

@@ -24,15 +24,29 @@ from tests.helpers import REPO, run_train  # noqa: E402
 from tests.training.test_train import only_run_dir  # noqa: E402
 
 TASKS = REPO / "tests" / "harness_tasks"
-RUN = ["model=tiny", "data.seq_len=64", "data.batch_size=8", "trainer.max_steps=4", "trainer.val_check_interval=100",
-       "trainer.enable_progress_bar=false", "trainer.max_time_minutes=null", "trainer.compile=false", "logger=csv"]
+RUN = [
+    "model=tiny",
+    "data.seq_len=64",
+    "data.batch_size=8",
+    "trainer.max_steps=4",
+    "trainer.val_check_interval=100",
+    "trainer.enable_progress_bar=false",
+    "trainer.max_time_minutes=null",
+    "trainer.compile=false",
+    "logger=csv",
+]
 
 
 # the default suite runs the byte-level model; -m slow adds the BPE one (the project's code corpus)
 @pytest.fixture(scope="module", params=["corpus", pytest.param("code", marks=pytest.mark.slow)], ids=["bytes", "bpe"])
 def trained(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"harness-{request.param}")
-    result = run_train(*RUN, f"data={request.param}", *(["data.val_tokens=1024"] if request.param == "corpus" else []), f"output_root={root}")
+    result = run_train(
+        *RUN,
+        f"data={request.param}",
+        *(["data.val_tokens=1024"] if request.param == "corpus" else []),
+        f"output_root={root}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return only_run_dir(root)
 
@@ -79,15 +93,19 @@ def test_rolling_loglikelihood_is_the_summed_token_loss_and_generation_stops(tra
     (rolling,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
     with torch.no_grad():
         logits = lm.model(torch.tensor([[lm.eot_token_id, *tokens[:-1]]]))[0]
-    assert rolling == pytest.approx(-float(F.cross_entropy(logits.float(), torch.tensor(tokens), reduction="sum")), rel=1e-5)
+    assert rolling == pytest.approx(
+        -float(F.cross_entropy(logits.float(), torch.tensor(tokens), reduction="sum")), rel=1e-5
+    )
     # a text longer than max_length is scored in windows; every token is still scored once
     long_text = text * 8
     (long_score,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (long_text,), 0)])
     assert long_score < rolling * 4
 
     prompt = "def main():\n"
-    (free,) = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": ["\x00never"], "max_gen_toks": 12}), 0)])
-    ids = generate(lm.model, torch.tensor([lm.tok_encode(prompt)]), 12)[0, len(lm.tok_encode(prompt)):].tolist()
+    (free,) = lm.generate_until(
+        [Instance("generate_until", {}, (prompt, {"until": ["\x00never"], "max_gen_toks": 12}), 0)]
+    )
+    ids = generate(lm.model, torch.tensor([lm.tok_encode(prompt)]), 12)[0, len(lm.tok_encode(prompt)) :].tolist()
     eod = ids.index(lm.eot_token_id) if lm.eot_token_id in ids else len(ids)
     assert free == lm.tokenizer_.decode(ids[:eod])  # greedy, as the library's greedy generate
     if free[1:]:
@@ -99,14 +117,55 @@ def test_rolling_loglikelihood_is_the_summed_token_loss_and_generation_stops(tra
 @pytest.mark.slow  # the harness's command line indexes all its built-in tasks first (about ten seconds)
 def test_the_harness_command_line_finds_the_model_as_k3(trained, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    result = subprocess.run([sys.executable, "-m", "analysis.harness", "--model", "k3", "--model_args", f"run={trained}",
-                             "--tasks", "python_idioms", "--include_path", str(TASKS), "--limit", "4"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "analysis.harness",
+            "--model",
+            "k3",
+            "--model_args",
+            f"run={trained}",
+            "--tasks",
+            "python_idioms",
+            "--include_path",
+            str(TASKS),
+            "--limit",
+            "4",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "python_idioms" in result.stdout and "acc" in result.stdout
-    missing = subprocess.run([sys.executable, "-m", "analysis.harness", "--model", "k3", "--model_args", f"run={tmp_path / 'missing'}",
-                              "--tasks", "python_idioms", "--include_path", str(TASKS)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert missing.returncode == 2 and "analysis.harness: error:" in missing.stderr and "no such run folder" in missing.stderr
+    missing = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "analysis.harness",
+            "--model",
+            "k3",
+            "--model_args",
+            f"run={tmp_path / 'missing'}",
+            "--tasks",
+            "python_idioms",
+            "--include_path",
+            str(TASKS),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert (
+        missing.returncode == 2
+        and "analysis.harness: error:" in missing.stderr
+        and "no such run folder" in missing.stderr
+    )
 
 
 @pytest.mark.slow  # naming a task unknown means indexing all the harness's built-in tasks (about ten seconds)

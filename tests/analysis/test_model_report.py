@@ -14,8 +14,14 @@ from tests.helpers import REPO, build_model
 
 @pytest.fixture(scope="module")
 def k3():
-    out = subprocess.run([sys.executable, "-m", "analysis.model_report", "experiment=k3_full", "--json"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    out = subprocess.run(
+        [sys.executable, "-m", "analysis.model_report", "experiment=k3_full", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": ""},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
@@ -40,7 +46,10 @@ def test_k3_seed_figures(k3):
     assert (fw["experts"], fw["top_k"], fw["same_budget"]) == (448, 8, True)
     c = k3["cache"]
     assert c["all_mla_crossover_tokens"] == {"state_2B": 2731, "state_4B": 5461}
-    assert c["mla_macs_per_layer"]["mla"] == {"prefill_macs_per_cached_position": 30_720, "decode_macs_per_cached_position": 104_448}
+    assert c["mla_macs_per_layer"]["mla"] == {
+        "prefill_macs_per_cached_position": 30_720,
+        "decode_macs_per_cached_position": 104_448,
+    }
 
 
 def test_small_config_report_matches_the_built_model():

@@ -10,10 +10,18 @@ from analysis.compare import compare
 from tests.helpers import run_train
 from tests.training.test_train import only_run_dir
 
-SMALL = ["experiment=mqar_segments", "data.seq_len=64", "data.batch_size=8", "trainer.max_steps=3", "trainer.val_check_interval=3",
-         "trainer.enable_progress_bar=false", "trainer.max_time_minutes=null", "logger=csv",
-         "data.train_segments=[{seq_len:32,num_kv_pairs:4,num_examples:32},{seq_len:64,num_kv_pairs:8,num_examples:32}]",
-         "data.test_segments=[{seq_len:32,num_kv_pairs:4,num_examples:8},{seq_len:128,num_kv_pairs:16,num_examples:8}]"]
+SMALL = [
+    "experiment=mqar_segments",
+    "data.seq_len=64",
+    "data.batch_size=8",
+    "trainer.max_steps=3",
+    "trainer.val_check_interval=3",
+    "trainer.enable_progress_bar=false",
+    "trainer.max_time_minutes=null",
+    "logger=csv",
+    "data.train_segments=[{seq_len:32,num_kv_pairs:4,num_examples:32},{seq_len:64,num_kv_pairs:8,num_examples:32}]",
+    "data.test_segments=[{seq_len:32,num_kv_pairs:4,num_examples:8},{seq_len:128,num_kv_pairs:16,num_examples:8}]",
+]
 
 
 def test_segments_train_report_and_compare(tmp_path):
@@ -32,8 +40,17 @@ def test_segments_train_report_and_compare(tmp_path):
     # a second line: a recurrent model whose state does not grow (hand-written, as a run folder holds it)
     kda = tmp_path / "kda_run"
     kda.mkdir()
-    (kda / "summary.json").write_text(json.dumps({"name": "kda", "steps": 3, "d_model": 64, "decode_state_numbers": {"per_token": 0, "fixed": 9000},
-                                                  "val": {"loss": 1.0, "accuracy": 0.5, "accuracy/T32_P4": 0.75, "accuracy/T128_P16": 0.25}}))
+    (kda / "summary.json").write_text(
+        json.dumps(
+            {
+                "name": "kda",
+                "steps": 3,
+                "d_model": 64,
+                "decode_state_numbers": {"per_token": 0, "fixed": 9000},
+                "val": {"loss": 1.0, "accuracy": 0.5, "accuracy/T32_P4": 0.75, "accuracy/T128_P16": 0.25},
+            }
+        )
+    )
     out = compare([str(run_dir), str(kda)], str(tmp_path / "cmp"))
     assert {Path(p).name for p in out["images"]} >= {"recall_width.png", "recall_state.png"}
     rows = (tmp_path / "cmp" / "recall.csv").read_text().splitlines()
@@ -61,15 +78,28 @@ def test_a_point_swept_over_learning_rates_is_shown_at_its_best(tmp_path):
     from analysis.recall import best_runs, plot, table
 
     def run(point, d, lr, short, long):
-        summary = {"d_model": d, "decode_state_numbers": {"per_token": 8 * d, "fixed": 0},
-                   "val": {"accuracy/T64_P4": short, "accuracy/T128_P16": long}}
-        return Run(tmp_path, f"{point} {d} {lr}", {"point": point, "model.d_model": str(d), "optimizer.lr": lr}, summary, [])
+        summary = {
+            "d_model": d,
+            "decode_state_numbers": {"per_token": 8 * d, "fixed": 0},
+            "val": {"accuracy/T64_P4": short, "accuracy/T128_P16": long},
+        }
+        return Run(
+            tmp_path, f"{point} {d} {lr}", {"point": point, "model.d_model": str(d), "optimizer.lr": lr}, summary, []
+        )
 
-    runs = [run("mha", 64, "0.001", 0.9, 0.1), run("mha", 64, "0.003", 0.2, 0.95), run("mha", 128, "0.001", 1.0, 0.9),
-            run("mha", 128, "0.003", 0.3, 0.3), run("kda", 64, "0.003", 0.99, 0.8)]
+    runs = [
+        run("mha", 64, "0.001", 0.9, 0.1),
+        run("mha", 64, "0.003", 0.2, 0.95),
+        run("mha", 128, "0.001", 1.0, 0.9),
+        run("mha", 128, "0.003", 0.3, 0.3),
+        run("kda", 64, "0.003", 0.99, 0.8),
+    ]
     header, rows = table(runs)
     assert header[:3] == ["mixer", "d_model", "best optimizer.lr"] and header[-2:] == ["T64 P4", "T128 P16"]
-    assert [r[:3] + r[-2:] for r in rows] == [["kda", 64, "0.003", 0.99, 0.8], ["mha", 64, "0.003", 0.2, 0.95],
-                                              ["mha", 128, "0.001", 1.0, 0.9]]
+    assert [r[:3] + r[-2:] for r in rows] == [
+        ["kda", 64, "0.003", 0.99, 0.8],
+        ["mha", 64, "0.003", 0.2, 0.95],
+        ["mha", 128, "0.001", 1.0, 0.9],
+    ]
     assert len(best_runs(runs)) == 3
     assert plot(runs, tmp_path, "width").name == "recall_width.png"

@@ -9,7 +9,9 @@ from components.ffn.router import Router, RouterRecord
 
 
 def _record(scores, indices, shape=None):
-    return RouterRecord(scores=scores, indices=indices, cutoff=torch.zeros(scores.shape[0]), shape=shape or (scores.shape[0],))
+    return RouterRecord(
+        scores=scores, indices=indices, cutoff=torch.zeros(scores.shape[0]), shape=shape or (scores.shape[0],)
+    )
 
 
 def test_balanced_value_is_alpha_and_collapse_is_alpha_times_e():
@@ -45,7 +47,7 @@ def test_sequence_wise_is_the_mean_over_sequences():
     s = torch.rand(B * T, E)
     idx = s.topk(k, dim=1).indices
     seq = balance_loss(_record(s, idx, (B, T)), k, 1e-4, sequence_wise=True)
-    per = [balance_loss(_record(s[b * T:(b + 1) * T], idx[b * T:(b + 1) * T]), k, 1e-4) for b in range(B)]
+    per = [balance_loss(_record(s[b * T : (b + 1) * T], idx[b * T : (b + 1) * T]), k, 1e-4) for b in range(B)]
     assert float(seq) == pytest.approx(float(sum(per) / B))
     assert float(balance_loss(_record(s, idx, (B, T)), k, 1e-4)) != pytest.approx(float(seq))
 

@@ -16,9 +16,20 @@ from tests.helpers import run_train
 
 STEPS = 200
 COMMON = [
-    "model=tiny", "ffn=stable_latent_moe", "ffn.num_experts=16", "ffn.top_k=2", "data.seq_len=64", "data.batch_size=16",
-    "data.val_tokens=2048", f"trainer.max_steps={STEPS}", "trainer.val_check_interval=100000", "trainer.compile=false",
-    "trainer.max_time_minutes=null", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1", "logger=csv",
+    "model=tiny",
+    "ffn=stable_latent_moe",
+    "ffn.num_experts=16",
+    "ffn.top_k=2",
+    "data.seq_len=64",
+    "data.batch_size=16",
+    "data.val_tokens=2048",
+    f"trainer.max_steps={STEPS}",
+    "trainer.val_check_interval=100000",
+    "trainer.compile=false",
+    "trainer.max_time_minutes=null",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "logger=csv",
 ]
 
 

@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.config import validate
 from components.ffn.router import Router
-from runtime.launch import compose, strip_hydra
 from components.model import Decoder
 from components.registry import BALANCERS
+from runtime.config import validate
+from runtime.launch import compose, strip_hydra
 
 
 def _train(ffn, balancer, steps=3, micro_batches=2, extra=()):

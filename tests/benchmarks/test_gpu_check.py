@@ -18,7 +18,12 @@ from tests.helpers import REPO
 def run_script(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_check", *args],
-        check=False, cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})},
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -34,8 +39,19 @@ def test_without_cuda_every_check_is_skipped_with_the_reason():
     out = run_script(env={"CUDA_VISIBLE_DEVICES": ""})  # no visible GPU even where there is one
     assert out.returncode == 0, out.stderr
     names = check_names()
-    assert {"kda_fla", "kda_fla_varlen", "kda_mixer", "attnres_fla", "situ_glu_triton", "moe_experts", "moe_vs_dense[stable_latent_moe]",
-            "train_default", "train_default_compiled", "train_k3_small", "fsdp2"} <= set(names)
+    assert {
+        "kda_fla",
+        "kda_fla_varlen",
+        "kda_mixer",
+        "attnres_fla",
+        "situ_glu_triton",
+        "moe_experts",
+        "moe_vs_dense[stable_latent_moe]",
+        "train_default",
+        "train_default_compiled",
+        "train_k3_small",
+        "fsdp2",
+    } <= set(names)
     for name in names:
         lines = table_lines(out.stdout, name)
         assert lines, f"{name} missing from:\n{out.stdout}"
@@ -49,7 +65,11 @@ def test_without_cuda_every_check_is_skipped_with_the_reason():
 def test_dry_run_flag_and_quick_sizes():
     out = run_script("--dry-run", "--quick", "--only", "kda_fla,fsdp2")
     assert out.returncode == 0, out.stderr
-    assert [line.split(" ")[0] for line in out.stdout.splitlines() if " skipped " in line] == ["kda_fla", "kda_fla", "fsdp2"]
+    assert [line.split(" ")[0] for line in out.stdout.splitlines() if " skipped " in line] == [
+        "kda_fla",
+        "kda_fla",
+        "fsdp2",
+    ]
     assert G.DRY_RUN in out.stdout and "T=8192" not in out.stdout and "T=1024" in out.stdout
 
 
@@ -61,7 +81,14 @@ def test_unknown_check_name_is_refused():
 @pytest.mark.parametrize("script", ["kda_ops.py", "mixers.py", "moe.py", "residual.py", "situ_glu.py"])
 def test_the_other_benchmarks_still_run_as_scripts(script):
     # benchmarks/ is a package now; the scripts' `from timing import ...` must still resolve
-    out = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", "--help"],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -97,6 +124,7 @@ def test_run_checks_turns_failures_into_rows_and_goes_on(monkeypatch):
             ran.append(row.check)
             out = {"out": torch.ones(10) * (1 + rel)}
             G.set_parity(row, out, {"out": torch.ones(10)}, tol=1e-2)
+
         return fn
 
     def boom(ctx, row):
@@ -106,12 +134,25 @@ def test_run_checks_turns_failures_into_rows_and_goes_on(monkeypatch):
     def skip(ctx, row):
         raise G.Skip("grouped_mm does not run here")
 
-    checks = [G.Check("good", "s", parity(1e-3)), G.Check("boom", "s", boom), G.Check("bad", "s", parity(0.5)),
-              G.Check("skip", "s", skip), G.Check("needs_fla", "s", parity(0.0), ("fla",)), G.Check("after", "s", parity(0.0))]
+    checks = [
+        G.Check("good", "s", parity(1e-3)),
+        G.Check("boom", "s", boom),
+        G.Check("bad", "s", parity(0.5)),
+        G.Check("skip", "s", skip),
+        G.Check("needs_fla", "s", parity(0.0), ("fla",)),
+        G.Check("after", "s", parity(0.0)),
+    ]
     ctx = G.Context(G.parse_args([]), torch.device("cpu"))
     rows = G.run_checks(checks, ctx, log=lambda s: None)
     status = {r.check: r.status for r in rows}
-    assert status == {"good": "pass", "boom": "error", "bad": "FAIL", "skip": "skipped", "needs_fla": "skipped", "after": "pass"}
+    assert status == {
+        "good": "pass",
+        "boom": "error",
+        "bad": "FAIL",
+        "skip": "skipped",
+        "needs_fla": "skipped",
+        "after": "pass",
+    }
     assert ran == ["good", "boom", "bad", "after"]  # the checks after the error still ran
     notes = {r.check: r.note for r in rows}
     assert "ValueError: kernel exploded" in notes["boom"] and "second line" not in notes["boom"]

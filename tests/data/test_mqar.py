@@ -48,9 +48,14 @@ def test_accuracy_metric():
 
 
 def _segmented(**extra) -> MQARConfig:
-    return MQARConfig(vocab_size=64, seq_len=32, batch_size=8, **extra,
-                      train_segments=[MQARSegment(16, 2, 24), MQARSegment(32, 4, 16)],
-                      test_segments=[MQARSegment(16, 2, 12), MQARSegment(64, 8, 8)])
+    return MQARConfig(
+        vocab_size=64,
+        seq_len=32,
+        batch_size=8,
+        **extra,
+        train_segments=[MQARSegment(16, 2, 24), MQARSegment(32, 4, 16)],
+        test_segments=[MQARSegment(16, 2, 12), MQARSegment(64, 8, 8)],
+    )
 
 
 def test_training_cycles_through_the_fixed_segment_examples_once_per_epoch():
@@ -87,7 +92,9 @@ def test_every_test_segment_is_validated_at_its_own_length_and_reported_alone():
 def test_segment_settings_are_checked_by_key():
     from components.registry import ConfigError
 
-    with pytest.raises(ConfigError, match=r"data.train_segments\[1\].seq_len: 32 is longer than the training length data.seq_len=16"):
+    with pytest.raises(
+        ConfigError, match=r"data.train_segments\[1\].seq_len: 32 is longer than the training length data.seq_len=16"
+    ):
         dataclasses.replace(_segmented(), seq_len=16).validate(None, "data")
     with pytest.raises(ConfigError, match=r"data.test_segments\[0\].seq_len: needs room for 8 pairs"):
         MQARConfig(test_segments=[MQARSegment(16, 8, 4)]).validate(None, "data")

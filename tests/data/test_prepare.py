@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import prepare as prepare_cli
-from components.data.text.documents import ReadOptions, read_documents, expand_input, ReadStats, split_of
+from components.data.text.documents import ReadOptions, ReadStats, expand_input, read_documents, split_of
 from components.data.text.pipeline import PrepareError, PrepareOptions, prepare
 from components.data.text.prepared import PreparedFolder
 from components.data.text.tokenizers import load_tokenizer_file
@@ -22,7 +22,12 @@ from tests.helpers import REPO
 def _prepare(inputs, out, tokenizer="bytes", **kw):
     read = ReadOptions(**{k: kw.pop(k) for k in list(kw) if k in ("format", "text_field", "id_field", "binary")})
     kw.setdefault("val_fraction", 0.3)  # small inputs: a large enough validation split
-    return prepare(PrepareOptions(inputs=[str(i) for i in inputs], out=str(out), tokenizer=tokenizer, read=read, progress=False, **kw), log=lambda m: None)
+    return prepare(
+        PrepareOptions(
+            inputs=[str(i) for i in inputs], out=str(out), tokenizer=tokenizer, read=read, progress=False, **kw
+        ),
+        log=lambda m: None,
+    )
 
 
 def _documents(folder: PreparedFolder, split: str) -> list[np.ndarray]:
@@ -49,7 +54,11 @@ def stdlib_bpe(request, tmp_path_factory):
 def test_bpe_round_trips_every_validation_document_byte_exactly(stdlib_bpe):
     source, val_fraction, folder = stdlib_bpe
     tok = folder.tokenizer
-    val_texts = [d.text for d in read_documents([expand_input(source)], ReadOptions(), ReadStats()) if split_of(d.identity, val_fraction) == "val"]
+    val_texts = [
+        d.text
+        for d in read_documents([expand_input(source)], ReadOptions(), ReadStats())
+        if split_of(d.identity, val_fraction) == "val"
+    ]
     encoded = _documents(folder, "val")
     assert len(val_texts) == len(encoded) == folder.meta["splits"]["val"]["documents"] > 20
     table = tok.token_bytes()
@@ -60,7 +69,9 @@ def test_bpe_round_trips_every_validation_document_byte_exactly(stdlib_bpe):
     m = folder.meta
     assert m["vocab_size"] == 8192 and m["dtype"] == "uint16" and m["token_bytes_exact"]
     assert m["splits"]["val"]["bytes"] == sum(len(t.encode()) for t in val_texts)
-    bytes_per_token = m["splits"]["train"]["bytes"] / (m["splits"]["train"]["tokens"] - m["splits"]["train"]["documents"])
+    bytes_per_token = m["splits"]["train"]["bytes"] / (
+        m["splits"]["train"]["tokens"] - m["splits"]["train"]["documents"]
+    )
     assert 3.0 < bytes_per_token < 5.0  # text and code with an 8k BPE
 
 
@@ -69,8 +80,20 @@ def test_folder_layout_and_meta(tmp_path):
     result = _prepare([src], tmp_path / "out", "bpe:400", val_fraction=0.2)
     folder = PreparedFolder.open(result.folder)
     m = folder.meta
-    assert {p.name for p in result.folder.iterdir()} == {"meta.json", "tokenizer.json", "train.bin", "val.bin", "train.docs.npy", "val.docs.npy"}
-    assert m["tokenizer"]["kind"] == "bpe" and m["tokenizer"]["spec"] == "bpe:400" and m["tokenizer"]["eod_id"] == 0 and m["tokenizer"]["pad_id"] == 1
+    assert {p.name for p in result.folder.iterdir()} == {
+        "meta.json",
+        "tokenizer.json",
+        "train.bin",
+        "val.bin",
+        "train.docs.npy",
+        "val.docs.npy",
+    }
+    assert (
+        m["tokenizer"]["kind"] == "bpe"
+        and m["tokenizer"]["spec"] == "bpe:400"
+        and m["tokenizer"]["eod_id"] == 0
+        and m["tokenizer"]["pad_id"] == 1
+    )
     assert m["splits"]["train"]["documents"] + m["splits"]["val"]["documents"] == 60
     for split in ("train", "val"):
         docs = _documents(folder, split)
@@ -129,9 +152,13 @@ def test_jsonl_and_parquet_inputs(tmp_path):
     import pyarrow.parquet as pq
 
     rows = [json.loads(line) for line in jl.read_text().splitlines()]
-    pq.write_table(pa.table({"body": [r["text"] for r in rows], "key": [r["id"] for r in rows]}), tmp_path / "b.parquet")
+    pq.write_table(
+        pa.table({"body": [r["text"] for r in rows], "key": [r["id"] for r in rows]}), tmp_path / "b.parquet"
+    )
     from_jsonl = PreparedFolder.open(_prepare([jl], tmp_path / "j", id_field="id", val_fraction=0.3).folder)
-    from_parquet = PreparedFolder.open(_prepare([tmp_path / "b.parquet"], tmp_path / "p", text_field="body", id_field="key", val_fraction=0.3).folder)
+    from_parquet = PreparedFolder.open(
+        _prepare([tmp_path / "b.parquet"], tmp_path / "p", text_field="body", id_field="key", val_fraction=0.3).folder
+    )
     # same texts, same identities: the same split and the same tokens
     for split in ("train", "val"):
         assert np.array_equal(np.asarray(from_jsonl.tokens(split)), np.asarray(from_parquet.tokens(split)))
@@ -149,14 +176,31 @@ def test_an_existing_tokenizer_file_gives_the_same_tokens_and_hash(tmp_path):
 def test_large_vocabulary_uses_uint32_and_a_non_byte_level_tokenizer_is_marked_inexact(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    vocab = {"<|endoftext|>": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(sorted(set(" ".join(open(write_text_folder(tmp_path / "src", n_files=5) / "part0" / "doc000.txt").read().split()).split())))}}
+    vocab = {
+        "<|endoftext|>": 0,
+        "[UNK]": 1,
+        **{
+            w: i + 2
+            for i, w in enumerate(
+                sorted(
+                    set(
+                        " ".join(
+                            open(write_text_folder(tmp_path / "src", n_files=5) / "part0" / "doc000.txt").read().split()
+                        ).split()
+                    )
+                )
+            )
+        },
+    }
     vocab.update({f"w{i}": len(vocab) + i for i in range(70_000)})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(["<|endoftext|>"])
     tok.save(str(tmp_path / "word.json"))
     assert load_tokenizer_file(tmp_path / "word.json").vocab_size > 65536
-    folder = PreparedFolder.open(_prepare([tmp_path / "src"], tmp_path / "out", str(tmp_path / "word.json"), val_fraction=0.3).folder)
+    folder = PreparedFolder.open(
+        _prepare([tmp_path / "src"], tmp_path / "out", str(tmp_path / "word.json"), val_fraction=0.3).folder
+    )
     assert folder.dtype == "uint32" and folder.tokens("train").dtype == np.uint32
     assert not folder.meta["token_bytes_exact"]  # whitespace is not a token here
 
@@ -185,16 +229,34 @@ def _bad_inputs(tmp_path):
         "binary file refused": ([mixed], ["--binary", "error"], "blob.bin: a binary file"),
         "JSONL line without the text field": ([tmp_path / "fields.jsonl"], [], "fields.jsonl:1: no field 'text'"),
         "JSONL line that is not JSON": ([bad_json], [], "bad.jsonl:2: not a JSON line"),
-        "tokenizer file that does not load": ([good], ["--tokenizer", tmp_path / "broken.json"], "broken.json does not load"),
+        "tokenizer file that does not load": (
+            [good],
+            ["--tokenizer", tmp_path / "broken.json"],
+            "broken.json does not load",
+        ),
         "tokenizer that is neither": ([good], ["--tokenizer", "bpe:12"], "vocabulary size must be"),
-        "vocabulary too large for the dtype": ([good], ["--tokenizer", "bpe:70000", "--dtype", "uint16"], "70,000 ids does not fit"),
+        "vocabulary too large for the dtype": (
+            [good],
+            ["--tokenizer", "bpe:70000", "--dtype", "uint16"],
+            "70,000 ids does not fit",
+        ),
         "unknown embedded source": (["stdlib:nope"], [], "unknown embedded source"),
     }
 
 
-BAD_CASES = ["missing path", "empty file", "empty folder", "glob matching nothing", "binary file refused",
-             "JSONL line without the text field", "JSONL line that is not JSON", "tokenizer file that does not load",
-             "tokenizer that is neither", "vocabulary too large for the dtype", "unknown embedded source"]
+BAD_CASES = [
+    "missing path",
+    "empty file",
+    "empty folder",
+    "glob matching nothing",
+    "binary file refused",
+    "JSONL line without the text field",
+    "JSONL line that is not JSON",
+    "tokenizer file that does not load",
+    "tokenizer that is neither",
+    "vocabulary too large for the dtype",
+    "unknown embedded source",
+]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
@@ -229,7 +291,15 @@ def test_output_folder_holding_something_else_is_refused(tmp_path, capsys):
 
 
 def test_command_line_help_and_exit_status():
-    proc = subprocess.run([sys.executable, "prepare.py", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "prepare.py", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0 and "--tokenizer" in proc.stdout and "stdlib:docs" in proc.stdout
-    proc = subprocess.run([sys.executable, "prepare.py", "does/not/exist", "--out", "x", "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "prepare.py", "does/not/exist", "--out", "x", "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "no such file or folder" in proc.stderr

@@ -6,8 +6,10 @@ import json
 import random
 from pathlib import Path
 
-WORDS = ("the model learns state attention token layer expert router gate decay byte text document "
-         "window chunk value key query résumé naïve 東京 λ = ( ) : , . def return if else for in").split()
+WORDS = (
+    "the model learns state attention token layer expert router gate decay byte text document "
+    "window chunk value key query résumé naïve 東京 λ = ( ) : , . def return if else for in"
+).split()
 
 
 def paragraph(rng: random.Random, n_words: int) -> str:

@@ -36,7 +36,9 @@ def _fwd_bwd(fn, ex, x, w, seed=7):
 
 
 HAS_GROUPED_MM = grouped_mm_supported(torch.randn(2, 16), torch.randn(4, 32, 16).transpose(-2, -1))
-needs_grouped_mm = pytest.mark.skipif(not HAS_GROUPED_MM, reason="torch.nn.functional.grouped_mm does not run on CPU here")
+needs_grouped_mm = pytest.mark.skipif(
+    not HAS_GROUPED_MM, reason="torch.nn.functional.grouped_mm does not run on CPU here"
+)
 GROUPED = pytest.param("grouped_mm", marks=needs_grouped_mm)
 
 CASES = [  # (E, k, N, experts that receive no tokens)
@@ -51,8 +53,13 @@ CASES = [  # (E, k, N, experts that receive no tokens)
 @pytest.mark.parametrize("E,k,N,skip", CASES)
 @pytest.mark.parametrize(
     "backend,dtype",
-    [pytest.param("grouped_mm", torch.float32, marks=needs_grouped_mm), ("padded_bmm", torch.float32), ("padded_bmm", torch.float64),
-     ("blocked", torch.float32), ("blocked", torch.float64)],
+    [
+        pytest.param("grouped_mm", torch.float32, marks=needs_grouped_mm),
+        ("padded_bmm", torch.float32),
+        ("padded_bmm", torch.float64),
+        ("blocked", torch.float32),
+        ("blocked", torch.float64),
+    ],
 )
 def test_dispatch_matches_loop_reference(E, k, N, skip, backend, dtype):
     ex, x, idx, w = _case(E, k, N, dtype, skip=skip)
@@ -101,7 +108,9 @@ def test_auto_backend_and_grouped_mm_eligibility():
     assert not grouped_mm_supported(torch.randn(3, 6), odd.w1.transpose(-2, -1))
     x = torch.randn(9, 6)
     idx, w = _routing(9, 4, 2, 0)
-    torch.testing.assert_close(odd(x, idx, w), experts_reference(x, idx, w, odd.w1, odd.w2, odd.w3, SITU), **TOL[torch.float32])
+    torch.testing.assert_close(
+        odd(x, idx, w), experts_reference(x, idx, w, odd.w1, odd.w2, odd.w3, SITU), **TOL[torch.float32]
+    )
 
 
 def test_bf16_grouped_dispatch_close_to_fp32():

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from runtime.config import validate
 from components.ffn.moe import LatentMoEConfig, MoEFFNConfig, StableLatentMoEConfig
-from runtime.launch import compose, strip_hydra
 from components.registry import FFNS, ConfigError
+from runtime.config import validate
+from runtime.launch import compose, strip_hydra
 
 VARIANTS = [MoEFFNConfig, LatentMoEConfig, StableLatentMoEConfig]
 
@@ -30,7 +30,9 @@ def test_forward_backward_shapes(cfg_cls, activation):
 
 
 def test_k3_parameter_names():
-    ffn = _build(StableLatentMoEConfig(num_experts=8, top_k=2, expert_hidden_dim=16, latent_dim=32, num_shared_experts=2))
+    ffn = _build(
+        StableLatentMoEConfig(num_experts=8, top_k=2, expert_hidden_dim=16, latent_dim=32, num_shared_experts=2)
+    )
     shapes = {k: tuple(v.shape) for k, v in ffn.state_dict().items()}
     assert shapes == {
         "gate.weight": (8, 64),
@@ -53,7 +55,9 @@ def test_k3_parameter_names():
 
 def test_k3_sized_stable_latent_moe_on_meta():
     """Spec 1.1/1.3: 896 experts, top-16, m 3072, d 7168, latent 3584, 2 shared -> one GLU of 6144."""
-    cfg = StableLatentMoEConfig(num_experts=896, top_k=16, expert_hidden_dim=3072, latent_dim=3584, num_shared_experts=2)
+    cfg = StableLatentMoEConfig(
+        num_experts=896, top_k=16, expert_hidden_dim=3072, latent_dim=3584, num_shared_experts=2
+    )
     with torch.device("meta"):
         ffn = FFNS.build(cfg, 7168, 1, 0.02, 0.02)
     shapes = {k: tuple(v.shape) for k, v in ffn.state_dict().items()}

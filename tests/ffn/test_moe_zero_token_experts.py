@@ -19,7 +19,9 @@ HAS_GROUPED_MM = grouped_mm_supported(torch.randn(2, D), torch.randn(E, M, D).tr
 # (name, [N, k] expert ids): which experts receive nothing varies -- the first, the last, runs of them,
 # all but one -- so empty groups sit at the start, middle and end of grouped_mm's offsets
 ROUTINGS = {
-    "middle_empty": torch.tensor([[0, 2], [3, 5], [2, 0], [6, 3], [5, 6], [0, 3], [2, 6], [5, 0], [3, 2], [6, 5]]),  # 1, 4, 7 empty
+    "middle_empty": torch.tensor(
+        [[0, 2], [3, 5], [2, 0], [6, 3], [5, 6], [0, 3], [2, 6], [5, 0], [3, 2], [6, 5]]
+    ),  # 1, 4, 7 empty
     "ends_empty": torch.tensor([[1, 2], [3, 4], [5, 6], [2, 1], [4, 3], [6, 5], [1, 6]]),  # 0 and 7 empty
     "one_expert_busy": torch.tensor([[3], [3], [3], [3], [3]]),  # all but expert 3 empty
     "more_experts_than_pairs": torch.tensor([[7, 0], [0, 7]]),  # 1..6 empty
@@ -28,7 +30,11 @@ ROUTINGS = {
 
 def _backends():
     for b in DISPATCH_CHOICES:
-        marks = pytest.mark.skipif(not HAS_GROUPED_MM, reason="grouped_mm does not run on this CPU build") if b == "grouped_mm" else ()
+        marks = (
+            pytest.mark.skipif(not HAS_GROUPED_MM, reason="grouped_mm does not run on this CPU build")
+            if b == "grouped_mm"
+            else ()
+        )
         yield pytest.param(b, marks=marks)
 
 
@@ -60,7 +66,9 @@ def test_experts_without_tokens_get_exactly_zero_gradient(dispatch, routing, cap
 
     for name, grad in zip(("w1", "w2", "w3"), grads[2:]):
         for e in unused:
-            assert torch.equal(grad[e], torch.zeros_like(grad[e])), f"{dispatch}: expert {e} got no tokens but a non-zero {name} gradient"
+            assert torch.equal(grad[e], torch.zeros_like(grad[e])), (
+                f"{dispatch}: expert {e} got no tokens but a non-zero {name} gradient"
+            )
     torch.testing.assert_close(out, ref_out, **TOL)
     for name, a, b in zip(("x", "weights", "w1", "w2", "w3"), grads, ref_grads):
         if name in ("w1", "w2", "w3"):
@@ -91,7 +99,14 @@ class _CudaLike:
 @pytest.mark.skipif(not hasattr(torch.nn.functional, "grouped_mm"), reason="this torch has no grouped_mm")
 @pytest.mark.parametrize(
     "capability,expected",
-    [((8, 0), "grouped_mm"), ((9, 0), "grouped_mm"), ((10, 0), "blocked"), ((10, 3), "blocked"), ((12, 0), "blocked"), ((7, 5), "blocked")],
+    [
+        ((8, 0), "grouped_mm"),
+        ((9, 0), "grouped_mm"),
+        ((10, 0), "blocked"),
+        ((10, 3), "blocked"),
+        ((12, 0), "blocked"),
+        ((7, 5), "blocked"),
+    ],
 )
 def test_auto_avoids_grouped_mm_on_blackwell(monkeypatch, capability, expected):
     asked = []
@@ -121,7 +136,9 @@ def test_auto_on_cpu_is_unchanged():
     assert experts_mod._GROUPED_MM_UNTRUSTED_CAPABILITY == (10, 0)
 
 
-@pytest.mark.parametrize("dtype,expected", [(torch.bfloat16, "blocked"), (torch.float32, "grouped_mm" if HAS_GROUPED_MM else "blocked")])
+@pytest.mark.parametrize(
+    "dtype,expected", [(torch.bfloat16, "blocked"), (torch.float32, "grouped_mm" if HAS_GROUPED_MM else "blocked")]
+)
 def test_auto_on_cpu_takes_blocked_products_in_bf16(dtype, expected):
     """grouped_mm on the CPU is a product per expert: in bf16 the blocked batched products are the faster ones."""
     z, w1 = torch.zeros(64, 128, dtype=dtype), torch.zeros(E, 256, 128, dtype=dtype)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from analysis.export import main as export_main
-from components.hf.checkpoint import PACKED, SCALE, _EXPERT_WEIGHT, _expected
+from components.hf.checkpoint import _EXPERT_WEIGHT, PACKED, SCALE, _expected
 from components.hf.key_map import MULTIMODAL_PREFIX
 from components.model import Decoder
 from runtime.launch import validate_overrides
@@ -54,7 +54,9 @@ def _write_index(folder, entries) -> None:
         part = {k: entries[k] for k in keys[s::SHARDS]}
         _write_header_only(folder / name, part)
         weight_map.update({k: name for k in part})
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
+    )
 
 
 @pytest.fixture(scope="module")

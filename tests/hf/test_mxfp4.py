@@ -44,7 +44,9 @@ def test_quantize_round_trip():
     assert torch.equal(mxfp4.dequantize(*mxfp4.quantize(w)), w)
     x = torch.randn(8, 96, generator=g)
     deq = mxfp4.dequantize(*mxfp4.quantize(x))
-    step = 2.0 ** (torch.frexp(x.unflatten(-1, (-1, 32)).abs().amax(-1))[1] - 1 - 2).repeat_interleave(32, dim=1)  # group scale
+    step = 2.0 ** (torch.frexp(x.unflatten(-1, (-1, 32)).abs().amax(-1))[1] - 1 - 2).repeat_interleave(
+        32, dim=1
+    )  # group scale
     # half the widest E2M1 gap (4 -> 6) below 6, and saturation of the group's largest values (scaled into [4, 8)) at 6
     err = (deq - x).abs()
     assert (err <= 2 * step + 1e-7).all()
@@ -53,8 +55,16 @@ def test_quantize_round_trip():
 
 
 def test_exported_mxfp4_experts_load_dequantised(tmp_path):
-    root = compose_root("ffn=stable_latent_moe", "model.d_model=64", "model.n_layers=2", "ffn.num_experts=4", "ffn.top_k=2",
-                        "ffn.expert_hidden_dim=32", "ffn.latent_dim=32", "data=corpus")
+    root = compose_root(
+        "ffn=stable_latent_moe",
+        "model.d_model=64",
+        "model.n_layers=2",
+        "ffn.num_experts=4",
+        "ffn.top_k=2",
+        "ffn.expert_hidden_dim=32",
+        "ffn.latent_dim=32",
+        "data=corpus",
+    )
     torch.manual_seed(0)
     model = Decoder(root.decoder_config())
     export_weights(model, str(tmp_path), mxfp4_experts=True)

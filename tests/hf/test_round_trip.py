@@ -20,7 +20,14 @@ FFNS = ["dense", "moe", "latent_moe", "stable_latent_moe"]
 RESIDUALS = ["plain", "full_attnres", "block_attnres"]
 TINY = ["model.d_model=32", "model.n_layers=3", "model.tie_embeddings=false"]
 SIZES = {
-    "mla": ["mixer.n_heads=2", "mixer.q_lora_rank=16", "mixer.kv_lora_rank=8", "mixer.qk_nope_head_dim=8", "mixer.qk_rope_head_dim=8", "mixer.v_head_dim=8"],
+    "mla": [
+        "mixer.n_heads=2",
+        "mixer.q_lora_rank=16",
+        "mixer.kv_lora_rank=8",
+        "mixer.qk_nope_head_dim=8",
+        "mixer.qk_rope_head_dim=8",
+        "mixer.v_head_dim=8",
+    ],
     "kda": ["mixer.n_heads=2", "mixer.head_dim=16"],
     "moe": ["ffn.num_experts=4", "ffn.top_k=2", "ffn.expert_hidden_dim=16"],
     "latent_moe": ["ffn.num_experts=4", "ffn.top_k=2", "ffn.expert_hidden_dim=16", "ffn.latent_dim=16"],
@@ -29,8 +36,16 @@ SIZES = {
 
 
 def _model(mixer: str, ffn: str, residual: str, seed: int, *extra: str) -> Decoder:
-    root = compose_root(f"mixer={mixer}", f"ffn={ffn}", f"residual={residual}", "data=corpus", *TINY,
-                        *SIZES.get(mixer, []), *SIZES.get(ffn, []), *extra)
+    root = compose_root(
+        f"mixer={mixer}",
+        f"ffn={ffn}",
+        f"residual={residual}",
+        "data=corpus",
+        *TINY,
+        *SIZES.get(mixer, []),
+        *SIZES.get(ffn, []),
+        *extra,
+    )
     torch.manual_seed(seed)
     model = Decoder(root.decoder_config()).eval()
     with torch.no_grad():  # break the zero inits (AttnRes queries, selection bias) so every tensor matters
@@ -53,10 +68,24 @@ def test_export_import_gives_identical_logits(tmp_path, mixer, ffn, residual):
         assert torch.equal(a, b)
 
 
-K3_TINY = ["experiment=k3_small", "model.d_model=32", "model.n_layers=3", "mixer.n_heads=2", "mixer.head_dim=16",
-           "mixers.mla.n_heads=2", "mixers.mla.q_lora_rank=16", "mixers.mla.kv_lora_rank=8", "mixers.mla.qk_nope_head_dim=8",
-           "mixers.mla.qk_rope_head_dim=8", "mixers.mla.v_head_dim=8", "ffn.num_experts=4", "ffn.top_k=2",
-           "ffn.expert_hidden_dim=16", "ffn.latent_dim=16", "ffns.dense.hidden_dim=64"]
+K3_TINY = [
+    "experiment=k3_small",
+    "model.d_model=32",
+    "model.n_layers=3",
+    "mixer.n_heads=2",
+    "mixer.head_dim=16",
+    "mixers.mla.n_heads=2",
+    "mixers.mla.q_lora_rank=16",
+    "mixers.mla.kv_lora_rank=8",
+    "mixers.mla.qk_nope_head_dim=8",
+    "mixers.mla.qk_rope_head_dim=8",
+    "mixers.mla.v_head_dim=8",
+    "ffn.num_experts=4",
+    "ffn.top_k=2",
+    "ffn.expert_hidden_dim=16",
+    "ffn.latent_dim=16",
+    "ffns.dense.hidden_dim=64",
+]
 
 
 def test_k3_layout_names_and_shapes(tmp_path):
@@ -69,7 +98,10 @@ def test_k3_layout_names_and_shapes(tmp_path):
     assert "language_model.lm_head.weight" in header
     assert f"{P}layers.0.mlp.gate_proj.weight" in header  # dense first layer
     assert f"{P}layers.0.self_attn.A_log" in header and f"{P}layers.1.self_attn.f_a_proj.weight" in header  # KDA
-    assert f"{P}layers.2.self_attn.kv_a_proj_with_mqa.weight" in header and f"{P}layers.2.self_attn.g_proj.weight" in header  # MLA
+    assert (
+        f"{P}layers.2.self_attn.kv_a_proj_with_mqa.weight" in header
+        and f"{P}layers.2.self_attn.g_proj.weight" in header
+    )  # MLA
     assert header[f"{P}layers.2.block_sparse_moe.experts.3.w2.weight"][1] == (16, 16)  # [latent, hidden] per expert
     assert f"{P}layers.2.block_sparse_moe.gate.e_score_correction_bias" in header
     assert header[f"{P}layers.2.self_attention_res_proj.weight"][1] == (1, 32)

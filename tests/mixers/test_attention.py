@@ -37,7 +37,15 @@ def reference(m: Attention, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(B, T, H * D) @ m.o_proj.weight.T
 
 
-@pytest.mark.parametrize("cfg", [MHAConfig(n_heads=4), GQAConfig(n_heads=4, n_kv_heads=2), MQAConfig(n_heads=4), GQAConfig(n_heads=6, n_kv_heads=3, rope=False)])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        MHAConfig(n_heads=4),
+        GQAConfig(n_heads=4, n_kv_heads=2),
+        MQAConfig(n_heads=4),
+        GQAConfig(n_heads=6, n_kv_heads=3, rope=False),
+    ],
+)
 def test_matches_reference(cfg):
     torch.manual_seed(0)
     m = Attention(cfg, 48).double()

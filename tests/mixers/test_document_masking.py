@@ -130,7 +130,11 @@ def kda_inputs(B: int, T: int, gate: str, seed: int = 0, H: int = 2, K: int = 8)
         return torch.randn(*shape, generator=gen, dtype=d)
 
     q, k, v = l2norm(rnd(B, T, H, K)), l2norm(rnd(B, T, H, K)), rnd(B, T, H, K)
-    g = kda_gate(rnd(B, T, H, K), None, None, lower_bound=-1.0) if gate == "mild" else torch.full((B, T, H, K), -5.0, dtype=d)
+    g = (
+        kda_gate(rnd(B, T, H, K), None, None, lower_bound=-1.0)
+        if gate == "mild"
+        else torch.full((B, T, H, K), -5.0, dtype=d)
+    )
     return q, k, v, g, torch.sigmoid(rnd(B, T, H))
 
 
@@ -143,11 +147,14 @@ def cuts_to_ids(T: int, cuts: list[list[int]]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("chunk_size", [16, 32, 64])
-@pytest.mark.parametrize("gate,cuts", [
-    ("mild", [[5, 7, 40, 113], [17, 18, 19, 60]]),  # short documents: aligned to 16 tokens
-    ("mild", [[70], [33]]),  # long documents: aligned to the chunk size, several chunks each
-    ("bound", [[70], [1, 100]]),  # the kernel halves its chunks below the alignment
-])
+@pytest.mark.parametrize(
+    "gate,cuts",
+    [
+        ("mild", [[5, 7, 40, 113], [17, 18, 19, 60]]),  # short documents: aligned to 16 tokens
+        ("mild", [[70], [33]]),  # long documents: aligned to the chunk size, several chunks each
+        ("bound", [[70], [1, 100]]),  # the kernel halves its chunks below the alignment
+    ],
+)
 def test_chunked_kda_with_resets_equals_the_recurrence(chunk_size, gate, cuts):
     T = 130
     segments = Segments(cuts_to_ids(T, cuts))
@@ -196,10 +203,18 @@ def test_segments_helpers():
     assert seg.cu_seqlens().tolist() == [0, 2, 5, 6, 10, 11, 12]
     mask = seg.attention_mask()  # [B, 1, T, T]
     assert mask.shape == (2, 1, 6, 6)
-    assert mask[0, 0].long().tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0],
-                                          [0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 0, 1]]
-    assert seg.same_segment_as_shifted(1)[..., 0].tolist() == [[False, True, False, True, True, False],
-                                                               [False, True, True, True, False, False]]
+    assert mask[0, 0].long().tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [0, 0, 1, 0, 0, 0],
+        [0, 0, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 1],
+    ]
+    assert seg.same_segment_as_shifted(1)[..., 0].tolist() == [
+        [False, True, False, True, True, False],
+        [False, True, True, True, False, False],
+    ]
     assert not seg.same_segment_as_shifted(9).any()
     assert seg.attention_mask() is mask  # built once per batch
 
@@ -230,13 +245,18 @@ def test_mla_absorbed_order_masks_documents_too():
     expanded = mixer(x, segments=segments, order="expanded")
     torch.testing.assert_close(mixer(x, segments=segments, order="absorbed"), expanded, rtol=0, atol=1e-12)
     row, pos = documents(segments)[2]
-    torch.testing.assert_close(mixer(x[row : row + 1, pos], order="absorbed")[0], expanded[row, pos], rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        mixer(x[row : row + 1, pos], order="absorbed")[0], expanded[row, pos], rtol=0, atol=1e-12
+    )
 
 
-@pytest.mark.parametrize("mode,overrides", [
-    ("layers", ["experiment=k3_tiny", "model.n_layers=2"]),  # KDA (eager island inside) then MLA, routed FFN
-    ("model", ["model=tiny"]),  # GQA: the whole decoder as one graph
-])
+@pytest.mark.parametrize(
+    "mode,overrides",
+    [
+        ("layers", ["experiment=k3_tiny", "model.n_layers=2"]),  # KDA (eager island inside) then MLA, routed FFN
+        ("model", ["model=tiny"]),  # GQA: the whole decoder as one graph
+    ],
+)
 def test_compiled_decoder_with_segments_equals_eager_without_recompiling(mode, overrides):
     import torch._dynamo
     from torch._dynamo.utils import counters

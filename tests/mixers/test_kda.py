@@ -24,16 +24,28 @@ def make(d_model=48, dtype=torch.float64, **kw) -> KimiDeltaAttention:
 
 
 K3_SHAPES = {
-    "q_proj.weight": (12288, 7168), "k_proj.weight": (12288, 7168), "v_proj.weight": (12288, 7168),
-    "q_conv1d.weight": (12288, 1, 4), "k_conv1d.weight": (12288, 1, 4), "v_conv1d.weight": (12288, 1, 4),
-    "f_a_proj.weight": (128, 7168), "f_b_proj.weight": (12288, 128), "dt_bias": (12288,), "A_log": (96,),
-    "b_proj.weight": (96, 7168), "g_proj.weight": (12288, 7168), "o_norm.weight": (128,), "o_proj.weight": (7168, 12288),
+    "q_proj.weight": (12288, 7168),
+    "k_proj.weight": (12288, 7168),
+    "v_proj.weight": (12288, 7168),
+    "q_conv1d.weight": (12288, 1, 4),
+    "k_conv1d.weight": (12288, 1, 4),
+    "v_conv1d.weight": (12288, 1, 4),
+    "f_a_proj.weight": (128, 7168),
+    "f_b_proj.weight": (12288, 128),
+    "dt_bias": (12288,),
+    "A_log": (96,),
+    "b_proj.weight": (96, 7168),
+    "g_proj.weight": (12288, 7168),
+    "o_norm.weight": (128,),
+    "o_proj.weight": (7168, 12288),
 }
 
 
 def test_k3_parameter_names_shapes_and_count():
     with torch.device("meta"):
-        m = KimiDeltaAttention(KDAConfig(n_heads=96, head_dim=128, conv_size=4, gate_lower_bound=-5.0, full_rank_gate=True), 7168)
+        m = KimiDeltaAttention(
+            KDAConfig(n_heads=96, head_dim=128, conv_size=4, gate_lower_bound=-5.0, full_rank_gate=True), 7168
+        )
     shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
     assert shapes == K3_SHAPES
     assert sum(p.numel() for p in m.parameters()) == 443_740_384  # docs/k3.md §1.3
@@ -169,7 +181,10 @@ def test_runs_under_bf16_autocast():
     assert torch.isfinite(y).all() and m.q_proj.weight.grad is not None
 
 
-@pytest.mark.parametrize("a_log_init, gate, expect_zero", [("zero", -5.0, True), ("log_uniform", -5.0, False), ("auto", -5.0, True), ("auto", None, False)])
+@pytest.mark.parametrize(
+    "a_log_init, gate, expect_zero",
+    [("zero", -5.0, True), ("log_uniform", -5.0, False), ("auto", -5.0, True), ("auto", None, False)],
+)
 def test_a_log_and_dt_bias_initialisation_options(a_log_init, gate, expect_zero):
     torch.manual_seed(0)
     layer = KimiDeltaAttention(KDAConfig(n_heads=8, head_dim=16, gate_lower_bound=gate, a_log_init=a_log_init), 64)

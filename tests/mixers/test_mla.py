@@ -84,7 +84,8 @@ def reference_mla(m, x, offset=0):
         for t in range(T):
             # 5. logit over s <= t: content part through U^K_h plus the shared part
             scores = torch.stack(
-                [(q[:, t, h, :n] * (c[:, s] @ UK.T)).sum(-1) + (qr[:, t, h] * kr[:, s]).sum(-1) for s in range(t + 1)], dim=-1
+                [(q[:, t, h, :n] * (c[:, s] @ UK.T)).sum(-1) + (qr[:, t, h] * kr[:, s]).sum(-1) for s in range(t + 1)],
+                dim=-1,
             ) / math.sqrt(n + rd)  # [B, t+1]
             a = torch.softmax(scores, dim=-1)
             for s in range(t + 1):
@@ -102,7 +103,16 @@ def reference_mla(m, x, offset=0):
 # ------------------------------------------------------------------------------------------------
 # K3 shapes and numbers
 # ------------------------------------------------------------------------------------------------
-K3 = dict(n_heads=96, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, output_gate=True, rope=False)
+K3 = dict(
+    n_heads=96,
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    output_gate=True,
+    rope=False,
+)
 
 
 def _k3_meta(**overrides):
@@ -163,10 +173,7 @@ def test_validate():
 # Equivalences (fp64)
 # ------------------------------------------------------------------------------------------------
 VARIANTS = [
-    dict(output_gate=g, rope=r, q_lora_rank=q)
-    for g in (True, False)
-    for r in (False, True)
-    for q in (24, None)
+    dict(output_gate=g, rope=r, q_lora_rank=q) for g in (True, False) for r in (False, True) for q in (24, None)
 ]
 IDS = [f"gate{int(v['output_gate'])}-rope{int(v['rope'])}-qlora{int(v['q_lora_rank'] is not None)}" for v in VARIANTS]
 
@@ -224,7 +231,11 @@ def test_cache_matches_full_pass(order, rope, chunks):
 def test_default_order_selection(monkeypatch):
     """No cache: expanded; with a cache: absorbed, unless ``absorbed_decode`` is off."""
     calls = []
-    for absorbed_decode, with_cache, expected in [(True, False, "expanded"), (True, True, "absorbed"), (False, True, "expanded")]:
+    for absorbed_decode, with_cache, expected in [
+        (True, False, "expanded"),
+        (True, True, "absorbed"),
+        (False, True, "expanded"),
+    ]:
         m = _mla(absorbed_decode=absorbed_decode)
         for name in ("_expanded", "_absorbed"):
             orig = getattr(m, name)
@@ -308,11 +319,15 @@ def test_gradients_reach_every_parameter():
 # ------------------------------------------------------------------------------------------------
 # Model-level path: config system -> Decoder -> cached decoding
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("overrides", [[], ["mixer.rope=true", "mixer.n_heads=3", "mixer.q_lora_rank=null"]], ids=["default", "rope-3heads-noqlora"])
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["mixer.rope=true", "mixer.n_heads=3", "mixer.q_lora_rank=null"]],
+    ids=["default", "rope-3heads-noqlora"],
+)
 def test_model_prefill_decode(overrides):
+    from components.model import Decoder
     from runtime.config import validate
     from runtime.launch import compose, strip_hydra
-    from components.model import Decoder
 
     root = validate(strip_hydra(compose(["model=tiny", "mixer=mla", *overrides])))
     assert isinstance(root.mixer, MLAConfig)

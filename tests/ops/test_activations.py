@@ -81,8 +81,10 @@ def test_glu_activation_lookup():
     a, b = torch.randn(4, 6), torch.randn(4, 6)
     for name, fn in GLU_ACTIVATIONS.items():
         torch.testing.assert_close(glu_activation(name)(a, b), fn(a, b))
-    torch.testing.assert_close(glu_activation("situ_glu", beta=2.0, linear_beta=None)(a, b),
-                               situ_glu_reference(a, b, beta=2.0, linear_beta=None))
+    torch.testing.assert_close(
+        glu_activation("situ_glu", beta=2.0, linear_beta=None)(a, b),
+        situ_glu_reference(a, b, beta=2.0, linear_beta=None),
+    )
     with pytest.raises(ValueError, match="swiglu"):
         glu_activation("geglu")
     with pytest.raises(TypeError):
@@ -194,8 +196,11 @@ TRITON_CASES = [
     ((2, 5, 257), "bfloat16", 25.0, 128),
     ((7, 33), "float16", 25.0, 128),
 ]
-TOLS = {"float32": dict(rtol=1e-5, atol=1e-5), "bfloat16": dict(rtol=1.6e-2, atol=1e-4),
-        "float16": dict(rtol=2e-3, atol=1e-4)}
+TOLS = {
+    "float32": dict(rtol=1e-5, atol=1e-5),
+    "bfloat16": dict(rtol=1.6e-2, atol=1e-4),
+    "float16": dict(rtol=2e-3, atol=1e-4),
+}
 
 
 def _case_id(case) -> str:
@@ -231,12 +236,14 @@ def _triton_checks() -> dict[str, list[str]]:
         z2 = situ_glu_reference(g2, u2, 4.0, lb)
         z2.backward(dz)
         errs = [
-            e for e in (
+            e
+            for e in (
                 None if z1.dtype == dtype and z1.shape == z2.shape else f"bad output {z1.dtype} {z1.shape}",
                 _compare("z", z1, z2, dtype_name),
                 _compare("grad_gate", g1.grad, g2.grad, dtype_name),
                 _compare("grad_up", u1.grad, u2.grad, dtype_name),
-            ) if e
+            )
+            if e
         ]
         results[_case_id(case)] = errs
 
@@ -308,8 +315,9 @@ def _run_python(code_or_args: list[str], env_extra: dict[str, str], timeout: flo
     env = dict(os.environ)
     env.update(env_extra)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, *code_or_args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *code_or_args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -322,7 +330,9 @@ def triton_results() -> dict[str, list[str]]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("check", [_case_id(c) for c in TRITON_CASES] + ["dispatch", "huge_inputs", "small_inputs", "empty"])
+@pytest.mark.parametrize(
+    "check", [_case_id(c) for c in TRITON_CASES] + ["dispatch", "huge_inputs", "small_inputs", "empty"]
+)
 def test_triton_kernel_matches_reference(triton_results, check):
     assert check in triton_results
     assert not triton_results[check], "\n".join(triton_results[check])

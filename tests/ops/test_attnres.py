@@ -45,6 +45,7 @@ def _naive_attnres():
 
 # ---------------------------------------------------------------- closed-form cases (10.10 item 10)
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("as_list", [False, True])
 def test_zero_query_gives_mean_of_sources(dtype, as_list):
@@ -99,6 +100,7 @@ def test_single_source_is_identity():
 
 # ---------------------------------------------------------------- loop reference and fla's naive_attnres
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("S", [1, 2, 5, 9])
 @pytest.mark.parametrize("lead", [(), (7,), (2, 5)])
@@ -138,12 +140,13 @@ def test_bf16_input_uses_fp32_math():
     out, w = attnres_read(u16, q, gain, return_weights=True)
     assert out.dtype == torch.bfloat16 and w.dtype == torch.float32
     ref32 = attnres_read_reference(list(u16.float()), q, gain)  # same bf16 values, fp32 math
-    torch.testing.assert_close(out, ref32.to(torch.bfloat16), rtol=2 ** -7, atol=0)
+    torch.testing.assert_close(out, ref32.to(torch.bfloat16), rtol=2**-7, atol=0)
     _, w32 = attnres_read(u16.float(), q, gain, return_weights=True)
     torch.testing.assert_close(w, w32, **TOL[torch.float32])
 
 
 # ---------------------------------------------------------------- gradients
+
 
 @pytest.mark.parametrize("as_list", [False, True])
 @pytest.mark.parametrize("S", [1, 4])
@@ -209,6 +212,7 @@ def test_backward_keeps_no_upcast_copy_of_sources():
 
 # ---------------------------------------------------------------- backends and argument checks
 
+
 def test_fla_backend_on_cpu_raises_clear_error():
     u, q, gain = _inputs(3, (2,))
     with pytest.raises(RuntimeError, match="needs CUDA"):
@@ -236,6 +240,7 @@ def test_bad_arguments():
 
 # ---------------------------------------------------------------- fused kernel (GPU only)
 
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("shape", [(5, 2, 64, 256), (9, 1, 7, 64)])  # S=9: more sources than fla's 8-slot table
@@ -254,8 +259,7 @@ def test_fla_backend_matches_torch_on_cuda(shape, as_list):
         u_ = u.clone().requires_grad_(True)
         q_ = q.clone().requires_grad_(True)
         gain_ = gain.clone().requires_grad_(True)
-        out, w = attnres_read(list(u_) if as_list else u_, q_, gain_, eps=K3_EPS, return_weights=True,
-                              backend=backend)
+        out, w = attnres_read(list(u_) if as_list else u_, q_, gain_, eps=K3_EPS, return_weights=True, backend=backend)
         (out.float() * upstream.float()).sum().backward()
         results[backend] = (out, w, u_.grad, q_.grad, gain_.grad)
 

@@ -59,9 +59,11 @@ def test_a_cuda_only_choice_on_a_cpu_run_is_refused_before_training():
     from components.registry import ConfigError
     from tests.helpers import compose_root
 
-    for overrides, key in ((["mixer=kda", "mixer.backend=fla"], "mixer.backend"),
-                           (["ffn.activation_backend=triton"], "ffn.activation_backend"),
-                           (["residual=block_attnres", "residual.backend=fla"], "residual.backend")):
+    for overrides, key in (
+        (["mixer=kda", "mixer.backend=fla"], "mixer.backend"),
+        (["ffn.activation_backend=triton"], "ffn.activation_backend"),
+        (["residual=block_attnres", "residual.backend=fla"], "residual.backend"),
+    ):
         with pytest.raises(ConfigError) as err:
             compose_root("model=tiny", *overrides)
         assert err.value.key == key and "CPU" in str(err.value)

@@ -223,7 +223,9 @@ def test_lower_bound_gate_matches_fla_and_stays_in_range():
     f, A_log, dt_bias = _gate_params(seed=1)
     g = kda_gate(f, A_log, dt_bias, lower_bound=LB)
     _close(g, naive_kda_lowerbound_gate(f, A_log, dt_bias, lower_bound=LB), 1e-6, 1e-6)
-    _close(kda_gate(f, None, dt_bias, lower_bound=LB), naive_kda_lowerbound_gate(f, None, dt_bias, lower_bound=LB), 1e-6)
+    _close(
+        kda_gate(f, None, dt_bias, lower_bound=LB), naive_kda_lowerbound_gate(f, None, dt_bias, lower_bound=LB), 1e-6
+    )
     assert ((g >= LB) & (g <= 0)).all()  # (L, 0) mathematically; fp32 saturates at the ends
     mid = kda_gate(torch.randn(4, 5, 3, 8, generator=_gen(2)), torch.zeros(3), None, lower_bound=LB)
     assert ((mid > LB) & (mid < 0)).all()

@@ -70,7 +70,9 @@ def test_plain_matrices_match_torch_muon_and_fp64_moonlight(shape):
     ours = run_muon([w0], grads)[0]
 
     w_torch = torch.nn.Parameter(w0.clone())
-    opt = torch.optim.Muon([w_torch], lr=LR, weight_decay=WD, momentum=MU, nesterov=True, adjust_lr_fn="match_rms_adamw")
+    opt = torch.optim.Muon(
+        [w_torch], lr=LR, weight_decay=WD, momentum=MU, nesterov=True, adjust_lr_fn="match_rms_adamw"
+    )
     for (g,) in grads:
         w_torch.grad = g.clone()
         opt.step()
@@ -125,8 +127,14 @@ def test_adamw_half_matches_torch_adamw():
 
 
 def test_partition_follows_moonlight():
-    root = compose_root("model=tiny", "mixer=kda", "ffn=moe", "+mixer@mixers.global=mla", "+model.mixer_plan.at={-1:global}",
-                        "model.tie_embeddings=false")
+    root = compose_root(
+        "model=tiny",
+        "mixer=kda",
+        "ffn=moe",
+        "+mixer@mixers.global=mla",
+        "+model.mixer_plan.at={-1:global}",
+        "model.tie_embeddings=false",
+    )
     model = Decoder(root.decoder_config())
     muon, adamw = muon_partition(model, per_head=True)
     muon_names = {n: layout for n, _, layout in muon}
@@ -137,7 +145,9 @@ def test_partition_follows_moonlight():
             assert n in adamw_names, n  # norms, A_log, dt_bias, depthwise kernels [P, 1, W]
     kda_q = next(n for n in muon_names if n.endswith("mixer.q_proj.weight"))
     assert muon_names[kda_q].heads == root.mixer.n_heads
-    assert any(n.endswith("kv_b_proj.weight") and lay.heads == root.mixers["global"].n_heads for n, lay in muon_names.items())
+    assert any(
+        n.endswith("kv_b_proj.weight") and lay.heads == root.mixers["global"].n_heads for n, lay in muon_names.items()
+    )
     experts = [lay for n, lay in muon_names.items() if ".experts.w" in n]
     assert experts and all(lay.stacked for lay in experts)
     whole, _ = muon_partition(model, per_head=False)
@@ -147,8 +157,15 @@ def test_partition_follows_moonlight():
 def test_per_head_scope_splits_exactly_the_query_key_value_projections():
     """K3's scope (qkv): MLA q_b_proj / kv_b_proj and KDA / attention q, k, v_proj split per head; output
     projections, gates and the decay projection stay whole. Scope all also splits those."""
-    root = compose_root("model=tiny", "mixer=kda", "+mixer@mixers.global=mla", "+model.mixer_plan.at={-1:global}",
-                        "+mixer@mixers.gqa=gqa", "+model.mixer_plan.at={0:gqa}", "mixers.global.output_gate=true")
+    root = compose_root(
+        "model=tiny",
+        "mixer=kda",
+        "+mixer@mixers.global=mla",
+        "+model.mixer_plan.at={-1:global}",
+        "+mixer@mixers.gqa=gqa",
+        "+model.mixer_plan.at={0:gqa}",
+        "mixers.global.output_gate=true",
+    )
     model = Decoder(root.decoder_config())
 
     def split(scope: str) -> set[str]:
@@ -156,11 +173,19 @@ def test_per_head_scope_splits_exactly_the_query_key_value_projections():
         return {n.split("mixer.")[-1] + f"@{n.split('.')[1]}" for n, _, lay in muon if lay.heads > 1}
 
     # layers: 0 gqa, 1 kda (tiny has 2 layers; the last is MLA by the at: -1 pin, layer 0 by at: 0)
-    layer_kind = {int(n.split(".")[1]): type(m.mixer).__name__ for n, m in model.named_modules() if n.count(".") == 1 and n.startswith("layers.")}
+    layer_kind = {
+        int(n.split(".")[1]): type(m.mixer).__name__
+        for n, m in model.named_modules()
+        if n.count(".") == 1 and n.startswith("layers.")
+    }
     qkv = split("qkv")
     expected = set()
     for i, kind in layer_kind.items():
-        names = {"Attention": ["q_proj", "k_proj", "v_proj"], "KDA": ["q_proj", "k_proj", "v_proj"], "MLA": ["q_b_proj", "kv_b_proj"]}[kind]
+        names = {
+            "Attention": ["q_proj", "k_proj", "v_proj"],
+            "KDA": ["q_proj", "k_proj", "v_proj"],
+            "MLA": ["q_b_proj", "kv_b_proj"],
+        }[kind]
         expected |= {f"{n}.weight@{i}" for n in names}
     assert qkv == expected, (qkv, expected)
     extra = split("all") - qkv
@@ -177,7 +202,9 @@ FFNS = group_options("ffn")
 @pytest.mark.parametrize("ffn", FFNS)
 def test_muon_trains_every_mixer_and_ffn(mixer, ffn):
     torch.manual_seed(0)
-    root = compose_root("model=tiny", f"mixer={mixer}", f"ffn={ffn}", "optimizer=muon", "optimizer.per_head=true", "optimizer.lr=1e-2")
+    root = compose_root(
+        "model=tiny", f"mixer={mixer}", f"ffn={ffn}", "optimizer=muon", "optimizer.per_head=true", "optimizer.lr=1e-2"
+    )
     model = Decoder(root.decoder_config())
     opt = OPTIMIZERS.build(root.optimizer, model)
     ids = torch.randint(0, 256, (2, 33))

@@ -33,7 +33,9 @@ def test_wsd_values_at_chosen_steps():
 def test_the_stable_phase_is_the_same_for_every_run_length():
     short, long = 60, 300
     start = decay_start(short, 10, 0.25)
-    assert [wsd(s, total=short, fraction=0.25) for s in range(start + 1)] == [wsd(s, total=long, fraction=0.25) for s in range(start + 1)]
+    assert [wsd(s, total=short, fraction=0.25) for s in range(start + 1)] == [
+        wsd(s, total=long, fraction=0.25) for s in range(start + 1)
+    ]
 
 
 def test_wsd_options_are_checked():

@@ -8,6 +8,7 @@ package pins its own torch/transformers ranges. Its files are loaded by path (th
 ``__init__`` pulls in a heavy stack). Its KDA layers call fla's Triton kernels, run here by the Triton
 interpreter (``TRITON_INTERPRET=1``) with four runtime shims (``install_triton_cpu_shims``).
 """
+
 from __future__ import annotations
 
 import os
@@ -68,8 +69,7 @@ def install_triton_cpu_shims() -> None:
         f = node.iter.func if isinstance(node.iter, ast.Call) else None
         name = f.id if isinstance(f, ast.Name) else (f.attr if isinstance(f, ast.Attribute) else None)
         if name == "range":  # builtin range and tl.range; NOT tl.static_range (constexpr)
-            node.iter = ast.Call(func=ast.Name(id="_k3ref_int_iter", ctx=ast.Load()),
-                                 args=[node.iter], keywords=[])
+            node.iter = ast.Call(func=ast.Name(id="_k3ref_int_iter", ctx=ast.Load()), args=[node.iter], keywords=[])
         return node
 
     interp.ASTTransformer.visit_For = _visit_for
@@ -86,6 +86,7 @@ def install_triton_cpu_shims() -> None:
             if h.dtype == tl.float16:
                 return interp.TensorHandle(h.data.astype(np.float32), tl.float32)
             return h
+
         return _orig_dot(self, up(a), up(b), d, input_precision, max_num_imprecise_acc)
 
     interp.InterpreterBuilder.create_dot = _create_dot
@@ -96,6 +97,7 @@ def install_triton_cpu_shims() -> None:
     # `triton.language` to be visible in the jitted function's globals.
     _gather = _k3ref_gather
     import fla.ops.utils.op as fla_op
+
     fla_op.gather = _gather
     for modname in ("fla.ops.kda.chunk_intra",):
         mod = importlib.import_module(modname)
@@ -159,7 +161,11 @@ def main(folder: str, ids_path: str, out_path: str) -> None:
     install_triton_cpu_shims()
     cfg_mod, mdl = load_reference()
     with open(os.path.join(folder, "config.json")) as f:
-        cfg = mdl.KimiLinearConfig(**text_config(json.load(f))) if hasattr(mdl, "KimiLinearConfig") else cfg_mod.KimiLinearConfig(**text_config(json.load(f)))
+        cfg = (
+            mdl.KimiLinearConfig(**text_config(json.load(f)))
+            if hasattr(mdl, "KimiLinearConfig")
+            else cfg_mod.KimiLinearConfig(**text_config(json.load(f)))
+        )
     model = mdl.KimiLinearForCausalLM(cfg).float().eval()
     state = load_file(os.path.join(folder, "model.safetensors"))
     missing, unexpected = model.load_state_dict(state, strict=False)

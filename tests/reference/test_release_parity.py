@@ -21,15 +21,32 @@ from runtime.config import to_container
 from tests.helpers import compose_root
 
 REFERENCE_PYTHON = os.environ.get("K3_REFERENCE_PYTHON")
-pytestmark = pytest.mark.skipif(not REFERENCE_PYTHON, reason="K3_REFERENCE_PYTHON not set (tests/reference/setup_reference_env.sh)")
+pytestmark = pytest.mark.skipif(
+    not REFERENCE_PYTHON, reason="K3_REFERENCE_PYTHON not set (tests/reference/setup_reference_env.sh)"
+)
 
 # 3 layers: KDA, KDA, MLA; dense first; block AttnRes of 2 layers (a partial final block); no MTP (the
 # release has none)
-TINY_K3 = ["experiment=k3_small", "model.d_model=64", "model.n_layers=3", "model.mtp_depth=0", "mixer.n_heads=2",
-           "mixer.head_dim=32", "mixers.mla.n_heads=2", "mixers.mla.q_lora_rank=48", "mixers.mla.kv_lora_rank=32",
-           "mixers.mla.qk_nope_head_dim=32", "mixers.mla.qk_rope_head_dim=16", "mixers.mla.v_head_dim=32",
-           "ffn.num_experts=8", "ffn.top_k=2", "ffn.expert_hidden_dim=64", "ffn.num_shared_experts=1", "ffn.latent_dim=32",
-           "ffns.dense.hidden_dim=128"]
+TINY_K3 = [
+    "experiment=k3_small",
+    "model.d_model=64",
+    "model.n_layers=3",
+    "model.mtp_depth=0",
+    "mixer.n_heads=2",
+    "mixer.head_dim=32",
+    "mixers.mla.n_heads=2",
+    "mixers.mla.q_lora_rank=48",
+    "mixers.mla.kv_lora_rank=32",
+    "mixers.mla.qk_nope_head_dim=32",
+    "mixers.mla.qk_rope_head_dim=16",
+    "mixers.mla.v_head_dim=32",
+    "ffn.num_experts=8",
+    "ffn.top_k=2",
+    "ffn.expert_hidden_dim=64",
+    "ffn.num_shared_experts=1",
+    "ffn.latent_dim=32",
+    "ffns.dense.hidden_dim=128",
+]
 
 
 def test_logits_match_the_released_code(tmp_path):
@@ -46,8 +63,13 @@ def test_logits_match_the_released_code(tmp_path):
     torch.save(ids, tmp_path / "ids.pt")
     script = os.path.join(os.path.dirname(__file__), "release_forward.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([REFERENCE_PYTHON, script, str(tmp_path), str(tmp_path / "ids.pt"), str(tmp_path / "ref.pt")],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [REFERENCE_PYTHON, script, str(tmp_path), str(tmp_path / "ids.pt"), str(tmp_path / "ref.pt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ref = torch.load(tmp_path / "ref.pt")
     with torch.no_grad():

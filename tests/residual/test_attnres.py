@@ -14,10 +14,10 @@ import torch
 import components.residual.attnres as attnres_mod
 from components.model import Decoder
 from components.ops.attnres import attnres_read_reference
+from components.optim.param_groups import adamw_param_groups, unique_trainable
 from components.registry import ConfigError
 from components.residual.attnres import BlockAttnRes, BlockAttnResConfig, FullAttnRes, FullAttnResConfig
 from runtime.callbacks.depth_weights import DepthWeights
-from components.optim.param_groups import adamw_param_groups, unique_trainable
 from tests import helpers
 from tests.helpers import build_model, compose_root
 
@@ -27,7 +27,16 @@ TIGHT = dict(rtol=1e-12, atol=1e-12)
 
 # ---------------------------------------------------------------- helpers
 
-def make_scheme(kind: str, d: int, n_layers: int, block_size: int = 2, random_params: bool = True, seed: int = 0, unit: str = "layers"):
+
+def make_scheme(
+    kind: str,
+    d: int,
+    n_layers: int,
+    block_size: int = 2,
+    random_params: bool = True,
+    seed: int = 0,
+    unit: str = "layers",
+):
     if kind == "full":
         scheme = FullAttnRes(FullAttnResConfig(), d, n_layers, EPS)
     else:
@@ -122,6 +131,7 @@ def inputs(B=2, T=5, d=16, seed=3):
 
 
 # ---------------------------------------------------------------- wiring against the spec
+
 
 @pytest.mark.parametrize("n_layers,block_size", [(5, 1), (5, 2), (6, 3), (7, 3), (4, 4), (3, 10)])
 def test_block_wiring_equals_spec_transcription(n_layers, block_size):
@@ -229,6 +239,7 @@ def test_large_aligned_query_returns_that_raw_source(kind):
 
 # ---------------------------------------------------------------- source counts (docs/k3.md §7.3, 10.1 SRC)
 
+
 def k3_expected_counts(n_layers=93, block_size=12):
     """Counts read off the docs/k3.md §7.3 loop: blocks + [p], with layer 0's attention seeing p alone."""
     counts, n_blocks = [], 0
@@ -278,6 +289,7 @@ def test_full_source_counts_grow_by_one_per_sublayer():
 
 # ---------------------------------------------------------------- memory (docs/k3.md §7.2)
 
+
 @pytest.mark.parametrize("n_layers,block_size", [(9, 2), (9, 4), (6, 1), (4, 10)])
 def test_block_state_holds_block_summaries_and_partial_only(n_layers, block_size):
     d = 8
@@ -315,8 +327,13 @@ def test_full_state_keeps_every_sublayer_output():
 
 # ---------------------------------------------------------------- the decoder
 
-RESIDUALS = [("full_attnres",), ("block_attnres", "residual.block_size=2"), ("block_attnres", "residual.block_size=1"), ("block_attnres", "residual.block_size=9"),
-             ("block_attnres", "residual.block_size=3", "residual.block_unit=sublayers")]
+RESIDUALS = [
+    ("full_attnres",),
+    ("block_attnres", "residual.block_size=2"),
+    ("block_attnres", "residual.block_size=1"),
+    ("block_attnres", "residual.block_size=9"),
+    ("block_attnres", "residual.block_size=3", "residual.block_unit=sublayers"),
+]
 
 
 def tiny_model(*overrides, seed=0):
@@ -382,6 +399,7 @@ def test_pseudo_queries_are_excluded_from_weight_decay():
 
 # ---------------------------------------------------------------- config
 
+
 @pytest.mark.parametrize(
     "overrides,key",
     [
@@ -405,6 +423,7 @@ def test_block_size_beyond_depth_is_one_block():
 
 
 # ---------------------------------------------------------------- depth-weight diagnostics
+
 
 def test_depth_weights_rows_sum_to_one_and_average_over_batches():
     d, n_layers, bs = 16, 5, 2
@@ -444,8 +463,12 @@ def _fake_trainer(run_dir, step=7):
     logged = []
     logger = types.SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, dict(metrics))))
     trainer = types.SimpleNamespace(
-        default_root_dir=str(run_dir), global_step=step, is_global_zero=True, sanity_checking=False,
-        world_size=1, loggers=[logger],
+        default_root_dir=str(run_dir),
+        global_step=step,
+        is_global_zero=True,
+        sanity_checking=False,
+        world_size=1,
+        loggers=[logger],
     )
     return trainer, logged
 
@@ -471,12 +494,22 @@ def test_callback_logs_and_appends_json_and_the_plot_reads_it(tmp_path):
     assert [e["step"] for e in history] == [7, 9]
     entry = history[-1]
     assert entry["sources"] == ["embedding", "block 1", "partial"]
-    assert [r["sublayer"] for r in entry["rows"]] == ["L0.attn", "L0.mlp", "L1.attn", "L1.mlp", "L2.attn", "L2.mlp", "final"]
+    assert [r["sublayer"] for r in entry["rows"]] == [
+        "L0.attn",
+        "L0.mlp",
+        "L1.attn",
+        "L1.mlp",
+        "L2.attn",
+        "L2.mlp",
+        "final",
+    ]
     assert entry["rows"][0]["weights"] == [1.0, None, None]
     assert [w is None for w in entry["rows"][1]["weights"]] == [False, True, False]  # L0.mlp: embedding, partial
     step, metrics = logged[-1]
     assert step == 9 and metrics["depth/L0.attn/embedding"] == 1.0
-    assert metrics["depth/final/embedding"] + metrics["depth/final/block1"] + metrics["depth/final/partial"] == pytest.approx(1.0)
+    assert metrics["depth/final/embedding"] + metrics["depth/final/block1"] + metrics[
+        "depth/final/partial"
+    ] == pytest.approx(1.0)
 
     out = tmp_path / "depth.png"
     assert plot_main([str(tmp_path), "--out", str(out), "--step", "7"]) == 0
@@ -499,7 +532,9 @@ def test_recomputed_reads_give_the_same_gradients(residual):
     grads = {}
     for recompute in (True, False):
         torch.manual_seed(0)
-        model = build_model("model=tiny", "model.n_layers=3", *residual, f"residual.recompute={str(recompute).lower()}").double()
+        model = build_model(
+            "model=tiny", "model.n_layers=3", *residual, f"residual.recompute={str(recompute).lower()}"
+        ).double()
         with torch.no_grad():
             for q in model.residual._queries():
                 q.normal_(std=0.5)

@@ -17,13 +17,29 @@ DATA = {
 }
 
 
-@pytest.mark.parametrize("residual", [["residual=block_attnres", "residual.block_size=2"], ["residual=full_attnres"]], ids=["block2", "full"])
+@pytest.mark.parametrize(
+    "residual", [["residual=block_attnres", "residual.block_size=2"], ["residual=full_attnres"]], ids=["block2", "full"]
+)
 # the default suite trains on MQAR (whose accuracy the depth weights serve); -m slow adds the byte corpus
-@pytest.mark.parametrize("data", [pytest.param(d, marks=pytest.mark.slow) if d == "corpus" else d for d in sorted(DATA)])
+@pytest.mark.parametrize(
+    "data", [pytest.param(d, marks=pytest.mark.slow) if d == "corpus" else d for d in sorted(DATA)]
+)
 def test_attnres_trains_and_logs_depth_weights(tmp_path, residual, data):
-    result = run_train(*residual, f"data={data}", *DATA[data], "model=tiny", "model.n_layers=4", "trainer.max_steps=4",
-                       "trainer.val_check_interval=2", "trainer.compile=false", "trainer.max_time_minutes=null",
-                       "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1", "logger=csv", f"output_root={tmp_path}")
+    result = run_train(
+        *residual,
+        f"data={data}",
+        *DATA[data],
+        "model=tiny",
+        "model.n_layers=4",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "trainer.compile=false",
+        "trainer.max_time_minutes=null",
+        "trainer.enable_progress_bar=false",
+        "trainer.log_every_n_steps=1",
+        "logger=csv",
+        f"output_root={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
     history = json.loads((run_dir / "depth_weights.json").read_text())

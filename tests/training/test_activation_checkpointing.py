@@ -14,7 +14,10 @@ from runtime.jsonl_logger import read_metrics
 from tests.helpers import compose_root, run_train
 from tests.training.test_train import FAST, only_run_dir
 
-K3_TINY = ("experiment=k3_tiny", "model.mtp_depth=0")  # KDA x 3 + MLA, dense layer 0 then Stable LatentMoE, QB, block AttnRes; the
+K3_TINY = (
+    "experiment=k3_tiny",
+    "model.mtp_depth=0",
+)  # KDA x 3 + MLA, dense layer 0 then Stable LatentMoE, QB, block AttnRes; the
 # checkpointed decoder layers only (MTP depths run beside them in training, not in these forwards)
 
 
@@ -81,7 +84,10 @@ def test_router_statistics_would_double_without_the_recompute_guard(monkeypatch)
 def _forward_backward_counts(model: Decoder) -> tuple[list[int], int]:
     """Mixer calls per layer over one forward + backward, and bytes autograd saved outside checkpointed calls."""
     calls = [0] * len(model.layers)
-    hooks = [layer.mixer.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1)) for i, layer in enumerate(model.layers)]
+    hooks = [
+        layer.mixer.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+        for i, layer in enumerate(model.layers)
+    ]
     saved = [0]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -142,11 +148,28 @@ def test_lightning_module_turns_it_on_in_configure_model():
 def test_training_runs_log_the_same_losses_with_and_without(tmp_path):
     """Through Lightning: one process without and with checkpointing, and FSDP2 on two processes with it
     (each layer recomputed inside its sharded forward): the same losses."""
-    common = [*FAST, *K3_TINY, "trainer.max_steps=3", "trainer.val_check_interval=1000", "logger=csv", "trainer.precision=32-true"]
-    fsdp2 = ["trainer=fsdp2", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true", "trainer.compile=false",
-             "trainer.max_time_minutes=null", "trainer.checkpoint_every_n_steps=3"]
-    runs = {"plain": ["trainer.activation_checkpointing=false"], "checkpointed": ["trainer.activation_checkpointing=true"],
-            "fsdp2": ["trainer.activation_checkpointing=true", *fsdp2]}
+    common = [
+        *FAST,
+        *K3_TINY,
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=1000",
+        "logger=csv",
+        "trainer.precision=32-true",
+    ]
+    fsdp2 = [
+        "trainer=fsdp2",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.precision=32-true",
+        "trainer.compile=false",
+        "trainer.max_time_minutes=null",
+        "trainer.checkpoint_every_n_steps=3",
+    ]
+    runs = {
+        "plain": ["trainer.activation_checkpointing=false"],
+        "checkpointed": ["trainer.activation_checkpointing=true"],
+        "fsdp2": ["trainer.activation_checkpointing=true", *fsdp2],
+    }
     train, val = {}, {}
     for name, extra in runs.items():
         out = tmp_path / name

@@ -18,9 +18,23 @@ from tests.helpers import REPO, compose_root, kill_after_microbatch, run_train
 
 # WSD with half of each run decaying: a 24-step run is stable through step 12, a 12-step run decays
 # from step 6, so the 24-step run's checkpoint at step 6 is where a 12-step cooldown branches
-COMMON = ["model=tiny", "data=corpus", "data.seq_len=32", "data.batch_size=4", "data.val_tokens=256", "trainer.enable_progress_bar=false",
-          "trainer.log_every_n_steps=1", "trainer.compile=false", "trainer.max_time_minutes=null", "trainer.val_check_interval=100",
-          "optimizer.schedule=wsd", "optimizer.decay_fraction=0.5", "optimizer.warmup_steps=2", "trainer.checkpoint_every_n_steps=3", "logger=csv"]
+COMMON = [
+    "model=tiny",
+    "data=corpus",
+    "data.seq_len=32",
+    "data.batch_size=4",
+    "data.val_tokens=256",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "trainer.compile=false",
+    "trainer.max_time_minutes=null",
+    "trainer.val_check_interval=100",
+    "optimizer.schedule=wsd",
+    "optimizer.decay_fraction=0.5",
+    "optimizer.warmup_steps=2",
+    "trainer.checkpoint_every_n_steps=3",
+    "logger=csv",
+]
 ENV = {"OMP_NUM_THREADS": "1"}
 
 
@@ -37,8 +51,14 @@ def _losses(run_dir: Path) -> dict[int, float]:
 def stable_and_straight(tmp_path_factory):
     root = tmp_path_factory.mktemp("branch")
     env = {**os.environ, "PYTHONPATH": str(REPO), **ENV}
-    stable = subprocess.Popen([sys.executable, str(REPO / "train.py"), *COMMON, "trainer.max_steps=24", f"output_root={root / 'stable'}"],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    stable = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *COMMON, "trainer.max_steps=24", f"output_root={root / 'stable'}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     straight = run_train(*COMMON, "trainer.max_steps=12", f"output_root={root / 'straight'}", env=ENV)
     _, err = stable.communicate(timeout=600)
     assert stable.returncode == 0 and straight.returncode == 0, err[-2000:] + straight.stderr[-2000:]
@@ -47,7 +67,9 @@ def stable_and_straight(tmp_path_factory):
 
 def test_a_cooldown_branched_from_the_stable_phase_equals_the_run_of_that_length(stable_and_straight):
     root, stable, straight = stable_and_straight
-    branch = run_train(*COMMON, "trainer.max_steps=12", f"init_from={stable}", "init_step=6", f"output_root={root / 'branch'}", env=ENV)
+    branch = run_train(
+        *COMMON, "trainer.max_steps=12", f"init_from={stable}", "init_step=6", f"output_root={root / 'branch'}", env=ENV
+    )
     assert branch.returncode == 0, branch.stderr[-3000:]
     assert f"branching from {stable / 'checkpoints' / 'step=6.ckpt'}" in branch.stdout
     branch_dir = _only(root / "branch")
@@ -66,8 +88,14 @@ def test_a_cooldown_branched_from_the_stable_phase_equals_the_run_of_that_length
 def test_a_killed_branch_resumes_exactly(stable_and_straight, tmp_path):
     root, stable, straight = stable_and_straight
     args = [*COMMON, "trainer.max_steps=12", f"init_from={stable}", "init_step=6", f"output_root={tmp_path}"]
-    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *args, kill_after_microbatch(10)], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **ENV}, capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args, kill_after_microbatch(10)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **ENV},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     resumed = run_train(*args, "ckpt_path=last", env=ENV)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -80,7 +108,9 @@ def test_a_killed_branch_resumes_exactly(stable_and_straight, tmp_path):
 def test_branch_options_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="init_step: needs init_from"):
         compose_root("init_step=3")
-    with pytest.raises(ConfigError, match="init_from: .* neither a checkpoint, a run folder .* nor a folder of exported weights"):
+    with pytest.raises(
+        ConfigError, match="init_from: .* neither a checkpoint, a run folder .* nor a folder of exported weights"
+    ):
         compose_root(f"init_from={tmp_path}")
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "step=3.ckpt").write_bytes(b"x")

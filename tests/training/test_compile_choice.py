@@ -10,12 +10,15 @@ from runtime.compile import compile_mode, has_cpp_compiler
 from tests.helpers import compose_root
 
 
-@pytest.mark.parametrize("overrides,unfriendly", [
-    ([], []),
-    (["mixer=kda"], ["KimiDeltaAttention"]),
-    (["ffn=moe"], ["MoEFFN"]),
-    (["experiment=k3_tiny"], ["KimiDeltaAttention", "StableLatentMoEFFN"]),
-])
+@pytest.mark.parametrize(
+    "overrides,unfriendly",
+    [
+        ([], []),
+        (["mixer=kda"], ["KimiDeltaAttention"]),
+        (["ffn=moe"], ["MoEFFN"]),
+        (["experiment=k3_tiny"], ["KimiDeltaAttention", "StableLatentMoEFFN"]),
+    ],
+)
 def test_compile_mode_follows_components(overrides, unfriendly):
     root = compose_root("model=tiny", *overrides, "trainer.compile=auto")
     model = Decoder(root.decoder_config())

@@ -12,16 +12,18 @@ from benchmarks.train_step import train_setup
 from runtime.compile import has_cpp_compiler
 from tests.helpers import compose_root
 
-pytestmark = pytest.mark.skipif(not has_cpp_compiler(),
-                                reason="TorchInductor's CPU back-end needs a C++ compiler")
+pytestmark = pytest.mark.skipif(not has_cpp_compiler(), reason="TorchInductor's CPU back-end needs a C++ compiler")
 
 
-@pytest.mark.parametrize("backend", [
-    # Dynamo's graphs, breaks around the eager islands and AOT autograd, without kernel generation: seconds
-    "aot_eager",
-    # what the trainer runs (Inductor's generated CPU kernels): about a minute of compilation
-    pytest.param("inductor", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        # Dynamo's graphs, breaks around the eager islands and AOT autograd, without kernel generation: seconds
+        "aot_eager",
+        # what the trainer runs (Inductor's generated CPU kernels): about a minute of compilation
+        pytest.param("inductor", marks=pytest.mark.slow),
+    ],
+)
 def test_layer_compiled_k3_matches_eager(backend):
     # two layers of k3_tiny's plan: KDA with the dense FFN, then MLA with Stable LatentMoE, QB and block AttnRes
     overrides = ["experiment=k3_tiny", "model.n_layers=2", "data.seq_len=32"]
@@ -29,7 +31,9 @@ def test_layer_compiled_k3_matches_eager(backend):
     runs = {}
     torch._dynamo.reset()
     for mode in ("off", "layers"):
-        model, step = train_setup(compose_root(*overrides), torch.device("cpu"), mode, precision="fp32", compile_backend=backend)
+        model, step = train_setup(
+            compose_root(*overrides), torch.device("cpu"), mode, precision="fp32", compile_backend=backend
+        )
         losses = [float(step(ids[0]))]
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}  # the first step's
         losses += [float(step(b)) for b in ids[1:]]
@@ -53,7 +57,10 @@ def test_kda_short_convolution_compiled_form_equals_conv1d():
     from components.mixers.kda import causal_depthwise_conv
 
     gen = torch.Generator().manual_seed(0)
-    x, w = torch.randn(2, 9, 6, generator=gen, dtype=torch.float64), torch.randn(6, 1, 4, generator=gen, dtype=torch.float64)
+    x, w = (
+        torch.randn(2, 9, 6, generator=gen, dtype=torch.float64),
+        torch.randn(6, 1, 4, generator=gen, dtype=torch.float64),
+    )
     prefix = torch.randn(2, 3, 6, generator=gen, dtype=torch.float64)
     compiled = torch.compile(causal_depthwise_conv, dynamic=False)
     for pre in (None, prefix):

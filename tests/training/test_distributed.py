@@ -13,11 +13,19 @@ from runtime.jsonl_logger import read_metrics
 from tests.helpers import REPO
 
 BASE = [
-    "model=tiny", "trainer.enable_progress_bar=false",
-    "trainer.log_every_n_steps=1", "trainer.compile=false", "trainer.max_time_minutes=null", "trainer.precision=32-true",
-    "trainer.val_check_interval=1000", "trainer.checkpoint_every_n_steps=1000", "logger=csv", "trainer.max_steps=20",
+    "model=tiny",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "trainer.compile=false",
+    "trainer.max_time_minutes=null",
+    "trainer.precision=32-true",
+    "trainer.val_check_interval=1000",
+    "trainer.checkpoint_every_n_steps=1000",
+    "logger=csv",
+    "trainer.max_steps=20",
     # the tolerances below hold for these: a higher peak rate amplifies all-reduce round-off faster
-    "optimizer.lr=3e-3", "optimizer.warmup_steps=100",
+    "optimizer.lr=3e-3",
+    "optimizer.warmup_steps=100",
 ]
 CORPUS = ["data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048"]
 # MQAR scores only the answer positions: ranks hold different numbers of scored tokens, so per-rank
@@ -40,8 +48,14 @@ def _train_side_by_side(tmp_path: Path, runs: dict[str, list[str]]) -> dict[str,
     """Start every run at once (they spend most of their time starting up), wait, read their metrics."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     procs = {
-        name: subprocess.Popen([sys.executable, str(REPO / "train.py"), *BASE, *overrides, f"output_root={tmp_path / name}"],
-                               cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        name: subprocess.Popen(
+            [sys.executable, str(REPO / "train.py"), *BASE, *overrides, f"output_root={tmp_path / name}"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for name, overrides in runs.items()
     }
     for name, proc in procs.items():
@@ -64,7 +78,11 @@ def _train_side_by_side(tmp_path: Path, runs: dict[str, list[str]]) -> dict[str,
         # best scores tie to the last fp32 bit, routed differently because ranks sum gradients in
         # another order, flips a sign and the runs drift apart by ~1e-5 within 20 steps. In float64
         # that reordering noise is 1e-16 and the runs agree: the semantics are the same.
-        pytest.param([*MOE, "balancer=signsgd", "trainer.precision=64-true"], id="stable_latent_moe-signsgd-fp64", marks=pytest.mark.slow),
+        pytest.param(
+            [*MOE, "balancer=signsgd", "trainer.precision=64-true"],
+            id="stable_latent_moe-signsgd-fp64",
+            marks=pytest.mark.slow,
+        ),
         pytest.param([*MOE, "balancer=aux_loss"], id="stable_latent_moe-aux_loss", marks=pytest.mark.slow),
     ],
 )

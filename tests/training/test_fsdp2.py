@@ -16,25 +16,52 @@ from runtime.load_run import load_run
 from tests.helpers import REPO, kill_after_microbatch, run_train
 from tests.training.test_train import FAST, _losses, only_run_dir
 
-FSDP2 = [*FAST, "trainer=fsdp2", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true", "trainer.max_steps=6",
-         "trainer.checkpoint_every_n_steps=3", "trainer.val_check_interval=100", "logger=csv"]
+FSDP2 = [
+    *FAST,
+    "trainer=fsdp2",
+    "trainer.accelerator=cpu",
+    "trainer.devices=2",
+    "trainer.precision=32-true",
+    "trainer.max_steps=6",
+    "trainer.checkpoint_every_n_steps=3",
+    "trainer.val_check_interval=100",
+    "logger=csv",
+]
 
 
 def test_fsdp2_trains_resumes_from_its_sharded_checkpoint_and_refuses_a_truncated_shard(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    straight = subprocess.Popen([sys.executable, str(REPO / "train.py"), *FSDP2, f"output_root={tmp_path / 'a'}"], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    straight = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *FSDP2, f"output_root={tmp_path / 'a'}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # killed during the 5th step: the newest checkpoint holds step 3
-    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *FSDP2, f"output_root={tmp_path / 'b'}", kill_after_microbatch(4)], cwd=REPO,
-                            env=env, capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *FSDP2, f"output_root={tmp_path / 'b'}", kill_after_microbatch(4)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     _, err = straight.communicate(timeout=600)
     assert straight.returncode == 0, err[-3000:]
     reference_dir = only_run_dir(tmp_path / "a")
     reference = _losses(reference_dir)
 
-    one_process = run_train(*FAST, "trainer.precision=32-true", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=3", "logger=csv",
-                            f"output_root={tmp_path / 'c'}")
+    one_process = run_train(
+        *FAST,
+        "trainer.precision=32-true",
+        "trainer.max_steps=6",
+        "trainer.checkpoint_every_n_steps=3",
+        "logger=csv",
+        f"output_root={tmp_path / 'c'}",
+    )
     assert one_process.returncode == 0, one_process.stderr[-3000:]
     single = _losses(only_run_dir(tmp_path / "c"))
     assert all(reference[s] == pytest.approx(single[s], abs=1e-5) for s in single)  # same global batch, same model
@@ -50,7 +77,10 @@ def test_fsdp2_trains_resumes_from_its_sharded_checkpoint_and_refuses_a_truncate
 
     run_dir = only_run_dir(tmp_path / "b")
     last = run_dir / "checkpoints" / "last.ckpt"
-    assert last.is_dir() and {p.name for p in last.glob("*.distcp")} == {"__0_0.distcp", "__1_0.distcp"}  # one shard per rank
+    assert last.is_dir() and {p.name for p in last.glob("*.distcp")} == {
+        "__0_0.distcp",
+        "__1_0.distcp",
+    }  # one shard per rank
     shard = last / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
 

@@ -14,8 +14,15 @@ from runtime.jsonl_logger import read_metrics
 from tests.helpers import kill_after_microbatch, run_train
 from tests.training.test_train import FAST, only_run_dir
 
-EXPLODING = [*FAST, "trainer.max_steps=30", "optimizer.lr=1e6", "optimizer.warmup_steps=0", "trainer.checkpoint_every_n_steps=1",
-             "trainer.val_check_interval=1000", "logger=csv"]
+EXPLODING = [
+    *FAST,
+    "trainer.max_steps=30",
+    "optimizer.lr=1e6",
+    "optimizer.warmup_steps=0",
+    "trainer.checkpoint_every_n_steps=1",
+    "trainer.val_check_interval=1000",
+    "logger=csv",
+]
 
 
 def _all_finite(state: dict) -> bool:
@@ -25,7 +32,10 @@ def _all_finite(state: dict) -> bool:
 def test_planted_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     result = run_train(*EXPLODING, f"output_root={tmp_path}")
     assert result.returncode == 3, result.stderr[-3000:]
-    match = re.search(r"error: non-finite (loss|gradient norm) at optimizer step (\d+): training stopped before the update", result.stderr)
+    match = re.search(
+        r"error: non-finite (loss|gradient norm) at optimizer step (\d+): training stopped before the update",
+        result.stderr,
+    )
     assert match, result.stderr[-3000:]
     bad_step = int(match.group(2))
     run_dir = only_run_dir(tmp_path)
@@ -36,11 +46,15 @@ def test_planted_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tm
 
 
 def test_skip_mode_leaves_weights_untouched_then_gives_up(tmp_path):
-    result = run_train(*EXPLODING, "trainer.on_nonfinite=skip", "trainer.max_skipped_steps=3", f"output_root={tmp_path}")
+    result = run_train(
+        *EXPLODING, "trainer.on_nonfinite=skip", "trainer.max_skipped_steps=3", f"output_root={tmp_path}"
+    )
     assert result.returncode == 3, result.stderr[-3000:]
     assert "(3 steps skipped in a row, trainer.max_skipped_steps=3)" in result.stderr
     run_dir = only_run_dir(tmp_path)
-    skipped = [r["train/skipped_steps"] for r in read_metrics(str(run_dir / "metrics.jsonl")) if "train/skipped_steps" in r]
+    skipped = [
+        r["train/skipped_steps"] for r in read_metrics(str(run_dir / "metrics.jsonl")) if "train/skipped_steps" in r
+    ]
     assert skipped == [1.0, 2.0, 3.0]
     checkpoints = sorted(run_dir.glob("checkpoints/step=*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
     last_three = [load_checkpoint_file(str(p))["state_dict"] for p in checkpoints[-3:]]
@@ -50,8 +64,15 @@ def test_skip_mode_leaves_weights_untouched_then_gives_up(tmp_path):
 
 def test_unreachable_wandb_server_falls_back_to_offline(tmp_path):
     env = {"WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_MODE": ""}
-    result = run_train(*FAST, "trainer.max_steps=2", "logger=wandb", "logger.mode=online", "logger.init_timeout_s=5",
-                       f"output_root={tmp_path}", env=env)
+    result = run_train(
+        *FAST,
+        "trainer.max_steps=2",
+        "logger=wandb",
+        "logger.mode=online",
+        "logger.init_timeout_s=5",
+        f"output_root={tmp_path}",
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "warning: W&B online run could not start" in result.stdout
     run_dir = only_run_dir(tmp_path)
@@ -90,10 +111,23 @@ def test_resume_continues_the_same_wandb_run(tmp_path):
 
     from tests.helpers import REPO
 
-    common = [*FAST, "trainer.max_steps=4", "trainer.checkpoint_every_n_steps=2", "trainer.val_check_interval=100", "logger=wandb", f"output_root={tmp_path}"]
+    common = [
+        *FAST,
+        "trainer.max_steps=4",
+        "trainer.checkpoint_every_n_steps=2",
+        "trainer.val_check_interval=100",
+        "logger=wandb",
+        f"output_root={tmp_path}",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
-    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *common, kill_after_microbatch(2)], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *common, kill_after_microbatch(2)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     first_id = json.loads((run_dir / "run.json").read_text())["wandb_id"]

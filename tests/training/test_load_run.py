@@ -10,10 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components.registry import DATASETS
+from components.registry import DATASETS, ConfigError
 from runtime.config import to_container
 from runtime.load_run import RunLoadError, load_run
-from components.registry import ConfigError
 from tests.helpers import compose_root, run_train
 from tests.training.test_train import FAST, only_run_dir
 
@@ -21,8 +20,16 @@ from tests.training.test_train import FAST, only_run_dir
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("load")
-    result = run_train(*FAST, "mixer=kda", "model.mtp_depth=1", "trainer.max_steps=4", "trainer.val_check_interval=100",
-                       "trainer.checkpoint_every_n_steps=2", f"output_root={root}", "logger=csv")
+    result = run_train(
+        *FAST,
+        "mixer=kda",
+        "model.mtp_depth=1",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=100",
+        "trainer.checkpoint_every_n_steps=2",
+        f"output_root={root}",
+        "logger=csv",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return only_run_dir(root)
 
@@ -72,11 +79,45 @@ def test_what_cannot_be_loaded_is_named(tmp_path):
 def test_generate_command_streams_a_continuation(trained, capsys):
     from analysis.generate import main
 
-    assert main([str(trained), "--prompt", "def main():", "--max-new-tokens", "12", "--temperature", "0.8", "--top-p", "0.9", "--seed", "1"]) == 0
+    assert (
+        main(
+            [
+                str(trained),
+                "--prompt",
+                "def main():",
+                "--max-new-tokens",
+                "12",
+                "--temperature",
+                "0.8",
+                "--top-p",
+                "0.9",
+                "--seed",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("def main():") and "new tokens at" in out and "tokens/s" in out and "(kda," in out
     # the same seed gives the same text; greedy decoding equals the library's greedy generate
-    assert main([str(trained), "--prompt", "def main():", "--max-new-tokens", "12", "--temperature", "0.8", "--top-p", "0.9", "--seed", "1"]) == 0
+    assert (
+        main(
+            [
+                str(trained),
+                "--prompt",
+                "def main():",
+                "--max-new-tokens",
+                "12",
+                "--temperature",
+                "0.8",
+                "--top-p",
+                "0.9",
+                "--seed",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.split("\n\n[")[0] == out.split("\n\n[")[0]
 
 
@@ -114,15 +155,26 @@ def test_an_exported_folder_loads_and_generates_like_its_run(trained, exported, 
 def test_a_run_starts_from_exported_weights(trained, exported, tmp_path):
     # a learning rate of 1e-30 leaves every non-zero weight bit-identical: what the run holds after its
     # step is what it loaded
-    result = run_train(*FAST, "mixer=kda", "model.mtp_depth=1", "trainer.max_steps=1", "trainer.val_check_interval=100",
-                       f"init_from={exported}", "optimizer.lr=1e-30", f"output_root={tmp_path}", "logger=csv")
+    result = run_train(
+        *FAST,
+        "mixer=kda",
+        "model.mtp_depth=1",
+        "trainer.max_steps=1",
+        "trainer.val_check_interval=100",
+        f"init_from={exported}",
+        "optimizer.lr=1e-30",
+        f"output_root={tmp_path}",
+        "logger=csv",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"initial weights from {exported}" in result.stdout
     _, started = load_run(str(only_run_dir(tmp_path)))
     _, source = load_run(str(exported))
     for (key, a), b in zip(started.state_dict().items(), source.state_dict().values()):
         assert torch.allclose(a, b, rtol=0, atol=1e-20), key
-    assert json.loads((only_run_dir(tmp_path) / "summary.json").read_text())["steps"] == 1  # a new run: step 0, not the source's step
+    assert (
+        json.loads((only_run_dir(tmp_path) / "summary.json").read_text())["steps"] == 1
+    )  # a new run: step 0, not the source's step
 
 
 def test_exported_weights_that_do_not_fit_the_composed_model_are_refused_before_training(exported):

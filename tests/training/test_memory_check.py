@@ -51,15 +51,39 @@ class FakeCuda:
         self.current = 0
         m = monkeypatch
         m.setattr(torch.cuda, "is_available", lambda: self._rec("is_available", None) or self.available)
-        m.setattr(torch.cuda, "device_count", lambda: self._rec("device_count", None) or (self.count if self.available else 0))
+        m.setattr(
+            torch.cuda, "device_count", lambda: self._rec("device_count", None) or (self.count if self.available else 0)
+        )
         m.setattr(torch.cuda, "get_device_properties", self.get_device_properties)
-        m.setattr(torch.cuda, "get_device_capability", lambda device=None: self._rec("get_device_capability", self._index(device)) or (9, 0))
-        m.setattr(torch.cuda, "get_device_name", lambda device=None: self._rec("get_device_name", self._index(device)) or "Fake GPU")
-        m.setattr(torch.cuda, "mem_get_info", lambda device=None: self._rec("mem_get_info", self._index(device)) or (self.total, self.total))
+        m.setattr(
+            torch.cuda,
+            "get_device_capability",
+            lambda device=None: self._rec("get_device_capability", self._index(device)) or (9, 0),
+        )
+        m.setattr(
+            torch.cuda,
+            "get_device_name",
+            lambda device=None: self._rec("get_device_name", self._index(device)) or "Fake GPU",
+        )
+        m.setattr(
+            torch.cuda,
+            "mem_get_info",
+            lambda device=None: self._rec("mem_get_info", self._index(device)) or (self.total, self.total),
+        )
         m.setattr(torch.cuda, "set_device", lambda device: self._set_device(device))
         m.setattr(torch.cuda, "current_device", lambda: self._rec("current_device", self.current) or self.current)
-        for name in ("init", "synchronize", "empty_cache", "memory_allocated", "memory_reserved", "max_memory_allocated", "cudart"):
-            m.setattr(torch.cuda, name, lambda *a, _n=name, **k: self._rec(_n, self._index(a[0] if a else k.get("device"))))
+        for name in (
+            "init",
+            "synchronize",
+            "empty_cache",
+            "memory_allocated",
+            "memory_reserved",
+            "max_memory_allocated",
+            "cudart",
+        ):
+            m.setattr(
+                torch.cuda, name, lambda *a, _n=name, **k: self._rec(_n, self._index(a[0] if a else k.get("device")))
+            )
 
     def _index(self, device) -> int:
         if device is None:
@@ -162,7 +186,10 @@ def test_auto_without_a_gpu_and_cpu_runs_use_host_ram_and_no_cuda(monkeypatch):
     _as_rank(monkeypatch, None)
     monkeypatch.setattr(memory_check, "_mem_available_bytes", lambda: 7 * GiB)
     cuda = FakeCuda(monkeypatch, available=False)
-    assert memory_check.available_bytes(compose_root("model=tiny", "trainer.accelerator=auto")) == (7 * GiB, "of memory available on this machine")
+    assert memory_check.available_bytes(compose_root("model=tiny", "trainer.accelerator=auto")) == (
+        7 * GiB,
+        "of memory available on this machine",
+    )
     assert cuda.names() <= {"is_available"}
     cuda = FakeCuda(monkeypatch, count=2)  # a GPU is there, but the run is on the CPU: CUDA is not touched
     assert memory_check.available_bytes(compose_root("model=tiny", "trainer.accelerator=cpu"))[0] == 7 * GiB
@@ -170,7 +197,9 @@ def test_auto_without_a_gpu_and_cpu_runs_use_host_ram_and_no_cuda(monkeypatch):
 
 
 def test_fully_sharded_gpu_run_counts_every_device(monkeypatch):
-    root = compose_root("model=tiny", "trainer.accelerator=gpu", "trainer.devices=2", "trainer.num_nodes=2", "trainer.strategy=fsdp2")
+    root = compose_root(
+        "model=tiny", "trainer.accelerator=gpu", "trainer.devices=2", "trainer.num_nodes=2", "trainer.strategy=fsdp2"
+    )
     _as_rank(monkeypatch, 1)
     cuda = FakeCuda(monkeypatch, count=2, total=10 * GiB)
     available, where = memory_check.available_bytes(root)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from runtime.launch import compose, resolve_run_dir
 from components.registry import ConfigError
+from runtime.launch import compose, resolve_run_dir
 from runtime.launch_env import ExternalLaunch, agreed_run_dir, detect_external_launch
 from tests.helpers import compose_root
 
@@ -58,7 +58,13 @@ def test_lightning_takes_ranks_from_slurm_and_spawns_nothing(slurm_task, tmp_pat
     strategy = trainer.strategy
     assert isinstance(strategy, DDPStrategy)
     assert isinstance(strategy.cluster_environment, SLURMEnvironment)
-    assert (trainer.world_size, trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.num_nodes) == (16, 9, 1, 1, 2)
+    assert (trainer.world_size, trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.num_nodes) == (
+        16,
+        9,
+        1,
+        1,
+        2,
+    )
     assert strategy.cluster_environment.main_address == "gpu017"
     # DDP's launcher re-runs the script for each local rank unless the cluster started them already
     launcher = strategy.launcher
@@ -78,11 +84,24 @@ def test_slurm_launcher_renders_the_job_shape_of_the_trainer(tmp_path, monkeypat
     from hydra.utils import instantiate
     from submitit.slurm.slurm import SlurmExecutor
 
-    cfg = compose(["hydra/launcher=slurm", "trainer=slurm", "trainer.num_nodes=4", "trainer.devices=8",
-                   "hydra.launcher.partition=gpu", f"output_root={tmp_path}"])
+    cfg = compose(
+        [
+            "hydra/launcher=slurm",
+            "trainer=slurm",
+            "trainer.num_nodes=4",
+            "trainer.devices=8",
+            "hydra.launcher.partition=gpu",
+            f"output_root={tmp_path}",
+        ]
+    )
     params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     assert {k: params[k] for k in ("nodes", "tasks_per_node", "gpus_per_node", "timeout_min", "partition")} == {
-        "nodes": 4, "tasks_per_node": 8, "gpus_per_node": 8, "timeout_min": 1440, "partition": "gpu"}
+        "nodes": 4,
+        "tasks_per_node": 8,
+        "gpus_per_node": 8,
+        "timeout_min": 1440,
+        "partition": "gpu",
+    }
     sweep_dir = Path(cfg.hydra.sweep.dir)
     assert Path(params["submitit_folder"]).parent.parent == sweep_dir
 
@@ -91,7 +110,9 @@ def test_slurm_launcher_renders_the_job_shape_of_the_trainer(tmp_path, monkeypat
     rendered: list[str] = []
 
     def render_instead_of_submit(executor, fn, *job_args):
-        rendered.append(executor._executor._make_submission_file_text("python -u -m submitit.core._submit FOLDER", "uid"))
+        rendered.append(
+            executor._executor._make_submission_file_text("python -u -m submitit.core._submit FOLDER", "uid")
+        )
         return []
 
     monkeypatch.setattr(submitit.AutoExecutor, "map_array", render_instead_of_submit)
@@ -99,13 +120,23 @@ def test_slurm_launcher_renders_the_job_shape_of_the_trainer(tmp_path, monkeypat
     launcher.config = cfg
     launcher.launch([["seed=1"]], initial_job_idx=0)
     script = rendered[0].splitlines()
-    for flag in ("--nodes=4", "--ntasks-per-node=8", "--gpus-per-node=8", "--time=1440", "--partition=gpu", "--cpus-per-task=8", "--mem=0GB"):
+    for flag in (
+        "--nodes=4",
+        "--ntasks-per-node=8",
+        "--gpus-per-node=8",
+        "--time=1440",
+        "--partition=gpu",
+        "--cpus-per-task=8",
+        "--mem=0GB",
+    ):
         assert f"#SBATCH {flag}" in script, flag
     assert any(line.startswith("srun ") for line in script)  # one task per GPU, started by srun
 
 
 def test_cpu_cluster_drops_the_gpu_request():
-    cfg = compose(["hydra/launcher=slurm", "trainer=slurm", "trainer.accelerator=cpu", "hydra.launcher.gpus_per_node=null"])
+    cfg = compose(
+        ["hydra/launcher=slurm", "trainer=slurm", "trainer.accelerator=cpu", "hydra.launcher.gpus_per_node=null"]
+    )
     assert cfg.hydra.launcher.gpus_per_node is None and cfg.hydra.launcher.tasks_per_node == 8
 
 
@@ -116,15 +147,28 @@ def test_detects_slurm_and_torchrun_tasks_but_not_single_processes():
     slurm = detect_external_launch(SLURM_TASK_ENV)
     assert (slurm.launcher, slurm.rank, slurm.world_size) == ("slurm", 9, 16)
     assert slurm.launch_id == "slurm-424242-0-0"
-    torchrun = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    torchrun = {
+        "TORCHELASTIC_RUN_ID": "abc",
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
     inside_slurm = detect_external_launch({**SLURM_TASK_ENV, **torchrun})  # torchrun within an allocation
     assert (inside_slurm.launcher, inside_slurm.rank, inside_slurm.world_size) == ("torchrun", 1, 2)
     assert detect_external_launch({**torchrun, "TORCHELASTIC_RESTART_COUNT": "1"}).launch_id != inside_slurm.launch_id
     assert detect_external_launch({}) is None
     assert detect_external_launch({**SLURM_TASK_ENV, "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) is None  # sbatch shell
-    assert detect_external_launch({**SLURM_TASK_ENV, "SLURM_JOB_NAME": "interactive"}) is None  # Lightning ignores it too
+    assert (
+        detect_external_launch({**SLURM_TASK_ENV, "SLURM_JOB_NAME": "interactive"}) is None
+    )  # Lightning ignores it too
     # what Lightning's own DDP children see: no launcher of ours (they get K3_RUN_DIR instead)
-    assert detect_external_launch({"LOCAL_RANK": "1", "WORLD_SIZE": "2", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "4"}) is None
+    assert (
+        detect_external_launch(
+            {"LOCAL_RANK": "1", "WORLD_SIZE": "2", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "4"}
+        )
+        is None
+    )
 
 
 def _ranks(run_id: str) -> list[ExternalLaunch]:
@@ -169,7 +213,9 @@ def test_ranks_agree_on_one_folder_whichever_starts_first(tmp_path, first):
 
 def test_waiting_rank_without_rank_0_times_out_naming_the_record(tmp_path):
     rank1 = _ranks("lonely")[1]
-    with pytest.raises(TimeoutError, match=r"rank 1 of 2 .*torchrun-lonely.* rank 0 did not publish .*\.launches/torchrun-lonely"):
+    with pytest.raises(
+        TimeoutError, match=r"rank 1 of 2 .*torchrun-lonely.* rank 0 did not publish .*\.launches/torchrun-lonely"
+    ):
         agreed_run_dir(tmp_path, lambda: tmp_path / "mine", rank1, timeout_s=0.1, poll_s=0.01)
 
 

@@ -20,17 +20,30 @@ from components.data.mixture import Mixture
 from components.data.text.pipeline import PrepareOptions, prepare
 from components.data.text.prepared import PreparedFolder
 from components.data.text.stream import PreparedStream
-from components.registry import ConfigError, DATASETS
+from components.registry import DATASETS, ConfigError
 from runtime.jsonl_logger import read_metrics
 from tests.data.text_fixtures import write_text_folder
 from tests.helpers import REPO, compose_root, kill_after_microbatch, run_train
 
-FAST = ["model=tiny", "data.seq_len=32", "data.batch_size=8", "data.val_tokens=512", "trainer.enable_progress_bar=false",
-        "trainer.log_every_n_steps=1", "trainer.compile=false", "trainer.max_time_minutes=null"]
+FAST = [
+    "model=tiny",
+    "data.seq_len=32",
+    "data.batch_size=8",
+    "data.val_tokens=512",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "trainer.compile=false",
+    "trainer.max_time_minutes=null",
+]
 
 
 def _prep(inputs, out, tokenizer):
-    return prepare(PrepareOptions(inputs=[str(i) for i in inputs], out=str(out), tokenizer=tokenizer, val_fraction=0.25, progress=False), log=lambda m: None).folder
+    return prepare(
+        PrepareOptions(
+            inputs=[str(i) for i in inputs], out=str(out), tokenizer=tokenizer, val_fraction=0.25, progress=False
+        ),
+        log=lambda m: None,
+    ).folder
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +60,9 @@ def test_prepared_folder_sets_vocabulary_and_dtype(folders):
     meta = json.loads((folders["a"] / "meta.json").read_text())
     assert root.data.vocab_size == root.model.vocab_size == meta["vocab_size"] == 320
     assert root.data.dtype == "uint16"
-    padded = compose_root("data=memmap", f"data.path={folders['a']}", "data.vocab_size=384")  # padding the table is fine
+    padded = compose_root(
+        "data=memmap", f"data.path={folders['a']}", "data.vocab_size=384"
+    )  # padding the table is fine
     assert padded.model.vocab_size == 384
     with pytest.raises(ConfigError, match=r"data.vocab_size.*below the 320 ids"):
         compose_root("data=memmap", f"data.path={folders['a']}", "data.vocab_size=300")
@@ -66,13 +81,20 @@ def test_bits_per_byte_is_summed_loss_over_the_targets_utf8_bytes(folders):
     bpb = data.finish_metrics({k: float(v) for k, v in sums.items()})["bpb"]
     assert bpb == pytest.approx(float(loss.sum()) / math.log(2) / len(text.encode("utf-8")), rel=1e-12)
     # the bytes validation scores are the bytes the compressors baselines see
-    all_bytes = sum(float(data.metric_sums(None, yy, torch.zeros_like(yy, dtype=torch.float64))["bytes"]) for _, yy in data.val_batches())
+    all_bytes = sum(
+        float(data.metric_sums(None, yy, torch.zeros_like(yy, dtype=torch.float64))["bytes"])
+        for _, yy in data.val_batches()
+    )
     assert all_bytes == len(data.validation_bytes()) > 0
 
 
 def test_mixture_batches_are_a_function_of_seed_and_index(folders):
-    cfg = compose_root("data=mixture", f"data.sources={{a: {{path: {folders['a']}, weight: 3}}, b: {{path: {folders['b']}, weight: 1}}}}",
-                       "data.seq_len=16", "data.batch_size=64").data
+    cfg = compose_root(
+        "data=mixture",
+        f"data.sources={{a: {{path: {folders['a']}, weight: 3}}, b: {{path: {folders['b']}, weight: 1}}}}",
+        "data.seq_len=16",
+        "data.batch_size=64",
+    ).data
     m1, m2 = DATASETS.build(cfg, 5), DATASETS.build(cfg, 5)
     assert isinstance(m1, Mixture) and m1.vocab_size == 320
     for i in (0, 7, 123):
@@ -96,9 +118,25 @@ def test_mixture_sources_must_share_a_tokenizer(folders):
 def test_folder_whose_tokenizer_is_not_the_one_meta_names_is_refused(folders, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(folders["b"], bad)
-    other = prepare(PrepareOptions(inputs=[str(folders["root"] / "src_a")], out=str(tmp_path / "other"), tokenizer="bpe:300", val_fraction=0.25, progress=False), log=lambda m: None).folder
+    other = prepare(
+        PrepareOptions(
+            inputs=[str(folders["root"] / "src_a")],
+            out=str(tmp_path / "other"),
+            tokenizer="bpe:300",
+            val_fraction=0.25,
+            progress=False,
+        ),
+        log=lambda m: None,
+    ).folder
     shutil.copy(other / "tokenizer.json", bad / "tokenizer.json")
-    result = run_train(*FAST, "data=memmap", f"data.path={bad}", "trainer.max_steps=2", f"output_root={tmp_path / 'runs'}", "logger=csv")
+    result = run_train(
+        *FAST,
+        "data=memmap",
+        f"data.path={bad}",
+        "trainer.max_steps=2",
+        f"output_root={tmp_path / 'runs'}",
+        "logger=csv",
+    )
     assert result.returncode == 2
     assert "data.path" in result.stderr and "is not the one meta.json says the tokens were made with" in result.stderr
     assert not (tmp_path / "runs").exists()
@@ -117,16 +155,44 @@ def test_mixture_resumes_exactly_and_logs_per_source_metrics(folders, tmp_path):
     """A mixture run killed mid-run and resumed logs the uninterrupted run's losses; validation reports
     loss and bits per byte per source and overall, in metrics.jsonl and in the W&B run."""
     sources = f"data.sources={{a: {{path: {folders['a']}, weight: 2}}, b: {{path: {folders['b']}, weight: 1}}}}"
-    common = [*FAST, "data=mixture", sources, "trainer.max_steps=10", "trainer.checkpoint_every_n_steps=4", "trainer.val_check_interval=5"]
+    common = [
+        *FAST,
+        "data=mixture",
+        sources,
+        "trainer.max_steps=10",
+        "trainer.checkpoint_every_n_steps=4",
+        "trainer.val_check_interval=5",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    straight = subprocess.Popen([sys.executable, str(REPO / "train.py"), *common, "logger=wandb", f"output_root={tmp_path / 'a'}"], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *common, "logger=csv", f"output_root={tmp_path / 'b'}", kill_after_microbatch(6)],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    straight = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *common, "logger=wandb", f"output_root={tmp_path / 'a'}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    killed = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            *common,
+            "logger=csv",
+            f"output_root={tmp_path / 'b'}",
+            kill_after_microbatch(6),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     _, err = straight.communicate(timeout=600)
     assert straight.returncode == 0, err[-3000:]
-    resumed = run_train(*common, "logger=csv", f"output_root={tmp_path / 'b'}", "ckpt_path=last", env={"OMP_NUM_THREADS": "1"})
+    resumed = run_train(
+        *common, "logger=csv", f"output_root={tmp_path / 'b'}", "ckpt_path=last", env={"OMP_NUM_THREADS": "1"}
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     reference_dir, run_dir = _only(tmp_path / "a"), _only(tmp_path / "b")
     reference, losses = _losses(reference_dir), _losses(run_dir)
@@ -142,10 +208,17 @@ def test_mixture_resumes_exactly_and_logs_per_source_metrics(folders, tmp_path):
         assert lo <= r["val/bpb"] <= hi  # the overall figure pools the two sources
     wandb_cli = str(Path(sys.executable).with_name("wandb"))
     (wandb_run,) = list((reference_dir / "wandb").glob("offline-run-*"))
-    summary = subprocess.run([wandb_cli, "leet", "inspect", "--summary", "--json", str(wandb_run)], capture_output=True, text=True, timeout=120)
+    summary = subprocess.run(
+        [wandb_cli, "leet", "inspect", "--summary", "--json", str(wandb_run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert summary.returncode == 0, summary.stderr
     logged = json.loads(summary.stdout)["summary"]
-    assert logged["val/a/bpb"] == pytest.approx(val[-1]["val/a/bpb"], rel=1e-6) and logged["val/b/bpb"] == pytest.approx(val[-1]["val/b/bpb"], rel=1e-6)
+    assert logged["val/a/bpb"] == pytest.approx(val[-1]["val/a/bpb"], rel=1e-6) and logged[
+        "val/b/bpb"
+    ] == pytest.approx(val[-1]["val/b/bpb"], rel=1e-6)
 
 
 @pytest.mark.parametrize("mixer", ["gqa", "kda"])
@@ -156,8 +229,15 @@ def test_document_masking_reaches_the_model_in_training(mixer):
 
     def hidden(masking: bool, x: torch.Tensor) -> torch.Tensor:
         torch.manual_seed(0)
-        root = compose_root("model=tiny", f"mixer={mixer}", "data=corpus", "data.seq_len=48", "data.batch_size=2",
-                            f"data.document_masking={str(masking).lower()}", "trainer.compile=false")
+        root = compose_root(
+            "model=tiny",
+            f"mixer={mixer}",
+            "data=corpus",
+            "data.seq_len=48",
+            "data.batch_size=2",
+            f"data.document_masking={str(masking).lower()}",
+            "trainer.compile=false",
+        )
         module = LanguageModelModule(root, DATASETS.build(root.data, root.seed))
         with torch.no_grad():
             return module._hidden_states(x, module._segments(x))

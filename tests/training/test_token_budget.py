@@ -17,15 +17,26 @@ from runtime.jsonl_logger import read_metrics
 from tests.helpers import compose_root, run_train
 
 FAST = [
-    "model=tiny", "data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048",
-    "trainer.log_every_n_steps=1", "trainer.compile=false", "logger=csv",
-    "trainer.val_check_interval=1000", "trainer.checkpoint_every_n_steps=1000",
+    "model=tiny",
+    "data.seq_len=64",
+    "data.batch_size=8",
+    "data.val_tokens=2048",
+    "trainer.log_every_n_steps=1",
+    "trainer.compile=false",
+    "logger=csv",
+    "trainer.val_check_interval=1000",
+    "trainer.checkpoint_every_n_steps=1000",
 ]
 
 
 def test_token_budget_becomes_whole_steps():
-    root = compose_root("trainer.max_steps=null", "trainer.max_tokens=10000", "data.batch_size=4", "data.seq_len=100",
-                                  "trainer.accumulate_grad_batches=2")
+    root = compose_root(
+        "trainer.max_steps=null",
+        "trainer.max_tokens=10000",
+        "data.batch_size=4",
+        "data.seq_len=100",
+        "trainer.accumulate_grad_batches=2",
+    )
     assert training_steps(root) == 13  # 800 tokens a step: 12.5 rounded up
     assert "13 steps x 800 tokens" in describe_length(root) and "trainer.max_tokens=10,000" in describe_length(root)
 
@@ -36,12 +47,15 @@ def test_max_steps_wins_and_says_so():
     assert "max_tokens=10,000 is not used" in describe_length(root)
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["trainer.max_steps=null", "trainer.max_tokens=null"], "trainer.max_steps"),
-    (["trainer.max_steps=null", "trainer.max_tokens=0"], "trainer.max_tokens"),
-    (["trainer.max_steps=-3"], "trainer.max_steps"),
-    (["trainer.max_time_minutes=0"], "trainer.max_time_minutes"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["trainer.max_steps=null", "trainer.max_tokens=null"], "trainer.max_steps"),
+        (["trainer.max_steps=null", "trainer.max_tokens=0"], "trainer.max_tokens"),
+        (["trainer.max_steps=-3"], "trainer.max_steps"),
+        (["trainer.max_time_minutes=0"], "trainer.max_time_minutes"),
+    ],
+)
 def test_bad_lengths_are_refused(overrides, key):
     with pytest.raises(ConfigError) as err:
         compose_root(*overrides)
@@ -53,11 +67,13 @@ def test_schedule_is_a_function_of_the_step_alone():
     values = [lr_lambda(s, warmup, total, "cosine", 0.1) for s in range(total + 1)]
     assert values[0] == pytest.approx(1 / warmup) and values[warmup - 1] == pytest.approx(1.0)
     assert values[warmup] == pytest.approx(1.0) and values[total] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(values[warmup:], values[warmup + 1:]))
+    assert all(a >= b for a, b in zip(values[warmup:], values[warmup + 1 :]))
     assert lr_lambda(total + 10, warmup, total, "cosine", 0.1) == pytest.approx(0.1)  # stays at the floor
     assert lr_lambda(30, warmup, total, "linear", 0.0) == pytest.approx(1 - 25 / 45)
     assert lr_lambda(30, warmup, total, "constant", 0.0) == 1.0
-    assert math.isclose(lr_lambda(warmup + 45 // 2, warmup, total, "cosine", 0.0), 0.5 * (1 + math.cos(math.pi * 22 / 45)))
+    assert math.isclose(
+        lr_lambda(warmup + 45 // 2, warmup, total, "cosine", 0.0), 0.5 * (1 + math.cos(math.pi * 22 / 45))
+    )
 
 
 def _losses(run_root: Path) -> list[float]:

@@ -14,12 +14,26 @@ from tests.training.test_train import FAST
 
 def test_torchrun_two_cpu_ranks_write_one_run(tmp_path):
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    overrides = [*FAST, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
-                 "trainer.max_steps=4", "logger=csv", f"output_root={tmp_path}"]
+    overrides = [
+        *FAST,
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.precision=32-true",
+        "trainer.max_steps=4",
+        "logger=csv",
+        f"output_root={tmp_path}",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "K3_RUN_DIR"}
     env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    result = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", str(REPO / "train.py"), *overrides],
-                            cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    result = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node=2", str(REPO / "train.py"), *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dirs = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert len(run_dirs) == 1, run_dirs

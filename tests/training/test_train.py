@@ -15,8 +15,13 @@ from runtime.jsonl_logger import read_metrics
 from tests.helpers import REPO, kill_after_microbatch, run_train
 
 FAST = [
-    "model=tiny", "data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048",
-    "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1", "trainer.compile=false",
+    "model=tiny",
+    "data.seq_len=64",
+    "data.batch_size=8",
+    "data.val_tokens=2048",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "trainer.compile=false",
     "trainer.max_time_minutes=null",
 ]
 
@@ -28,8 +33,14 @@ def only_run_dir(root: Path) -> Path:
 
 
 def test_short_run_writes_metrics_checkpoints_and_summary(tmp_path):
-    result = run_train(*FAST, "trainer.max_steps=6", "trainer.val_check_interval=3",
-                       "trainer.checkpoint_every_n_steps=3", f"output_root={tmp_path}", "logger=csv")
+    result = run_train(
+        *FAST,
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=3",
+        "trainer.checkpoint_every_n_steps=3",
+        f"output_root={tmp_path}",
+        "logger=csv",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -44,8 +55,15 @@ def test_short_run_writes_metrics_checkpoints_and_summary(tmp_path):
 
 
 def test_keep_last_checkpoints_keeps_the_newest_periodic_ones(tmp_path):
-    result = run_train(*FAST, "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=2", "trainer.keep_last_checkpoints=2",
-                       "trainer.val_check_interval=100", f"output_root={tmp_path}", "logger=csv")
+    result = run_train(
+        *FAST,
+        "trainer.max_steps=8",
+        "trainer.checkpoint_every_n_steps=2",
+        "trainer.keep_last_checkpoints=2",
+        "trainer.val_check_interval=100",
+        f"output_root={tmp_path}",
+        "logger=csv",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     names = sorted(p.name for p in (only_run_dir(tmp_path) / "checkpoints").iterdir())
     assert names == ["last.ckpt", "step=6.ckpt", "step=8.ckpt"], names
@@ -54,8 +72,18 @@ def test_keep_last_checkpoints_keeps_the_newest_periodic_ones(tmp_path):
 @pytest.mark.slow  # 20 steps of the default-size model; the tiny-model runs here cover the same path
 def test_named_ablation_from_the_readme(tmp_path):
     """`mixer=mqa ffn.activation=swiglu trainer.max_steps=20` trains the default-size model."""
-    result = run_train("mixer=mqa", "ffn.activation=swiglu", "trainer.max_steps=20", "trainer.compile=false", "trainer.max_time_minutes=null", "data.val_tokens=8192", "trainer.log_every_n_steps=1",
-                       "trainer.enable_progress_bar=false", f"output_root={tmp_path}", "logger=csv")
+    result = run_train(
+        "mixer=mqa",
+        "ffn.activation=swiglu",
+        "trainer.max_steps=20",
+        "trainer.compile=false",
+        "trainer.max_time_minutes=null",
+        "data.val_tokens=8192",
+        "trainer.log_every_n_steps=1",
+        "trainer.enable_progress_bar=false",
+        f"output_root={tmp_path}",
+        "logger=csv",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
     assert summary["steps"] == 20
@@ -65,8 +93,17 @@ def test_named_ablation_from_the_readme(tmp_path):
 
 
 def test_mqar_reports_accuracy(tmp_path):
-    result = run_train("data=mqar", "model=tiny", "trainer.max_steps=5", "trainer.compile=false", "trainer.max_time_minutes=null", "trainer.enable_progress_bar=false",
-                       "data.num_val_examples=128", f"output_root={tmp_path}", "logger=csv")
+    result = run_train(
+        "data=mqar",
+        "model=tiny",
+        "trainer.max_steps=5",
+        "trainer.compile=false",
+        "trainer.max_time_minutes=null",
+        "trainer.enable_progress_bar=false",
+        "data.num_val_examples=128",
+        f"output_root={tmp_path}",
+        "logger=csv",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
     assert 0.0 <= summary["val"]["accuracy"] <= 1.0
@@ -74,14 +111,23 @@ def test_mqar_reports_accuracy(tmp_path):
 
 
 def test_offline_wandb_run_is_readable_back(tmp_path):
-    result = run_train(*FAST, "trainer.max_steps=4", "trainer.val_check_interval=2", f"output_root={tmp_path}",
-                       "logger=wandb", "logger.tags=[smoke]", env={"WANDB_MODE": "offline"})
+    result = run_train(
+        *FAST,
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        f"output_root={tmp_path}",
+        "logger=wandb",
+        "logger.tags=[smoke]",
+        env={"WANDB_MODE": "offline"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     wandb_cli = str(Path(sys.executable).with_name("wandb"))
-    summary = subprocess.run([wandb_cli, "leet", "inspect", "--summary", "--json", str(runs[0])], capture_output=True, text=True, timeout=120)
+    summary = subprocess.run(
+        [wandb_cli, "leet", "inspect", "--summary", "--json", str(runs[0])], capture_output=True, text=True, timeout=120
+    )
     assert summary.returncode == 0, summary.stderr
     info = json.loads(summary.stdout)
     assert info["state"] == "finished" and info["exit_code"] == 0  # finished cleanly
@@ -90,8 +136,12 @@ def test_offline_wandb_run_is_readable_back(tmp_path):
     local = json.loads((run_dir / "summary.json").read_text())
     assert info["summary"]["val/bpb"] == pytest.approx(local["val"]["bpb"], rel=1e-6)
 
-    records = subprocess.run([wandb_cli, "leet", "inspect", "--json", str(runs[0])], capture_output=True, text=True, timeout=120)
-    history = [json.loads(line)["history"]["item"] for line in records.stdout.splitlines() if '"type":"history"' in line]
+    records = subprocess.run(
+        [wandb_cli, "leet", "inspect", "--json", str(runs[0])], capture_output=True, text=True, timeout=120
+    )
+    history = [
+        json.loads(line)["history"]["item"] for line in records.stdout.splitlines() if '"type":"history"' in line
+    ]
     wandb_losses = [h["train/loss"] for h in history if "train/loss" in h]
     jsonl_losses = [r["train/loss"] for r in read_metrics(str(run_dir / "metrics.jsonl")) if "train/loss" in r]
     assert len(wandb_losses) == 4 and wandb_losses == pytest.approx(jsonl_losses, rel=1e-6)
@@ -117,14 +167,39 @@ MOE_QB = ["ffn=stable_latent_moe", "ffn.num_experts=8", "ffn.top_k=2", "ffn.expe
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, model, accumulate, truncate_last):
     """SIGKILL at a chosen micro-batch, then the same command with ckpt_path=last: every later loss and
     the final validation loss equal the uninterrupted run's, bit for bit."""
-    common = [*FAST, *model, "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=4", "trainer.val_check_interval=100",
-              f"trainer.accumulate_grad_batches={accumulate}", "logger=csv"]
+    common = [
+        *FAST,
+        *model,
+        "trainer.max_steps=12",
+        "trainer.checkpoint_every_n_steps=4",
+        "trainer.val_check_interval=100",
+        f"trainer.accumulate_grad_batches={accumulate}",
+        "logger=csv",
+    ]
     kill_after = 9 * accumulate  # first micro-batch of step 10: mid-step when accumulating; last checkpoint: step 8
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    straight = subprocess.Popen([sys.executable, str(REPO / "train.py"), *common, f"output_root={tmp_path / 'a'}"], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    killed = subprocess.run([sys.executable, str(REPO / "train.py"), *common, f"output_root={tmp_path / 'b'}", kill_after_microbatch(kill_after)], cwd=REPO,
-                            env=env, capture_output=True, text=True, timeout=600)
+    straight = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *common, f"output_root={tmp_path / 'a'}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    killed = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            *common,
+            f"output_root={tmp_path / 'b'}",
+            kill_after_microbatch(kill_after),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     _, err = straight.communicate(timeout=600)
     assert straight.returncode == 0, err[-3000:]
@@ -158,9 +233,23 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, model, accumul
 @pytest.mark.parametrize("mixer", ["kda", "mla"])
 @pytest.mark.parametrize("data", ["corpus", "mqar"])
 def test_linear_and_latent_attention_train(tmp_path, mixer, data):
-    extra = ["data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048"] if data == "corpus" else ["data.num_val_examples=64"]
-    result = run_train(f"mixer={mixer}", f"data={data}", "model=tiny", "trainer.max_steps=4", "trainer.compile=false",
-                       "trainer.max_time_minutes=null", "trainer.enable_progress_bar=false", f"output_root={tmp_path}", "logger=csv", *extra)
+    extra = (
+        ["data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048"]
+        if data == "corpus"
+        else ["data.num_val_examples=64"]
+    )
+    result = run_train(
+        f"mixer={mixer}",
+        f"data={data}",
+        "model=tiny",
+        "trainer.max_steps=4",
+        "trainer.compile=false",
+        "trainer.max_time_minutes=null",
+        "trainer.enable_progress_bar=false",
+        f"output_root={tmp_path}",
+        "logger=csv",
+        *extra,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["val"]["loss"] < 20

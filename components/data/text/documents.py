@@ -60,8 +60,12 @@ class ReadStats:
     replaced_characters: int = 0
 
     def as_dict(self) -> dict:
-        return {"documents": self.documents, "empty_documents": self.empty_documents,
-                "binary_files_skipped": len(self.binary_files), "replaced_characters": self.replaced_characters}
+        return {
+            "documents": self.documents,
+            "empty_documents": self.empty_documents,
+            "binary_files_skipped": len(self.binary_files),
+            "replaced_characters": self.replaced_characters,
+        }
 
 
 def _has_glob(s: str) -> bool:
@@ -101,10 +105,17 @@ def expand_input(pattern: str, fmt: str = "auto") -> list[InputFile] | str:
                 raise InputError(f"input '{pattern}': the file is empty")
         else:
             base = p
-            paths = sorted(q for q in p.rglob("*") if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts))
+            paths = sorted(
+                q
+                for q in p.rglob("*")
+                if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts)
+            )
             if not paths:
                 raise InputError(f"input '{pattern}': the folder holds no files")
-    return [InputFile(q, q.relative_to(base).as_posix() if q.is_relative_to(base) else q.as_posix(), _format_of(q, fmt)) for q in paths]
+    return [
+        InputFile(q, q.relative_to(base).as_posix() if q.is_relative_to(base) else q.as_posix(), _format_of(q, fmt))
+        for q in paths
+    ]
 
 
 def fingerprint_inputs(inputs: list[list[InputFile] | str]) -> str:
@@ -149,7 +160,9 @@ def _read_text_file(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterat
     data = f.path.read_bytes()
     if b"\0" in data[:_SNIFF]:
         if opts.binary == "error":
-            raise InputError(f"{f.path}: a binary file (NUL bytes) among the text inputs; remove it or pass --binary skip")
+            raise InputError(
+                f"{f.path}: a binary file (NUL bytes) among the text inputs; remove it or pass --binary skip"
+            )
         stats.binary_files.append(str(f.path))
         return
     yield Document(f.name, decode_utf8(data, stats))
@@ -173,7 +186,9 @@ def _read_jsonl(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterator[D
                 raise InputError(f"{where}: not a JSON line ({err})") from None
             if not isinstance(record, dict) or opts.text_field not in record:
                 fields = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
-                raise InputError(f"{where}: no field '{opts.text_field}' (the record has: {fields}); name the text field with --text-field")
+                raise InputError(
+                    f"{where}: no field '{opts.text_field}' (the record has: {fields}); name the text field with --text-field"
+                )
             text = _field_text(record[opts.text_field], where, opts, stats)
             identity = f"{f.name}#{number}"
             if opts.id_field is not None:
@@ -187,7 +202,9 @@ def _read_parquet(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterator
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise InputError(f"{f.path}: reading Parquet needs pyarrow, which is not installed: pip install 'k3-sandbox[parquet]' (or pyarrow)") from None
+        raise InputError(
+            f"{f.path}: reading Parquet needs pyarrow, which is not installed: pip install 'k3-sandbox[parquet]' (or pyarrow)"
+        ) from None
     try:
         pf = pq.ParquetFile(f.path)
     except Exception as err:
@@ -196,7 +213,9 @@ def _read_parquet(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterator
     columns = [opts.text_field] + ([opts.id_field] if opts.id_field else [])
     for c in columns:
         if c not in names:
-            raise InputError(f"{f.path}: no column '{c}' (columns: {', '.join(names)}); name the text column with --text-field")
+            raise InputError(
+                f"{f.path}: no column '{c}' (columns: {', '.join(names)}); name the text column with --text-field"
+            )
     row = 0
     for batch in pf.iter_batches(columns=columns):
         texts = batch.column(0).to_pylist()
@@ -246,7 +265,6 @@ def stdlib_docs_documents() -> Iterator[Document]:
     per standard-library module (test suites excluded), its docstrings (module, classes, functions, each
     under its name). Modules are parsed on every core."""
     from concurrent.futures import ProcessPoolExecutor
-
     from pydoc_data.topics import topics
 
     for name in sorted(topics):

@@ -79,7 +79,9 @@ class PrepareResult:
 def check_options(opts: PrepareOptions) -> None:
     """Refuse bad options before any input is read."""
     if not opts.inputs:
-        raise PrepareError("no inputs: name text files, folders, glob patterns, JSONL or Parquet files, or stdlib:code / stdlib:docs")
+        raise PrepareError(
+            "no inputs: name text files, folders, glob patterns, JSONL or Parquet files, or stdlib:code / stdlib:docs"
+        )
     if not 0 < opts.val_fraction < 0.5:
         raise PrepareError(f"--val-fraction must be in (0, 0.5), got {opts.val_fraction}")
     if opts.read.format not in FORMATS:
@@ -102,7 +104,9 @@ def _choose_dtype(opts: PrepareOptions, vocab_size: int) -> str:
         return dtype_for_vocab(vocab_size)
     limit = np.iinfo(np.dtype(opts.dtype)).max + 1
     if vocab_size > limit:
-        raise PrepareError(f"--dtype {opts.dtype}: a vocabulary of {vocab_size:,} ids does not fit (at most {limit:,}); use --dtype uint32 or auto")
+        raise PrepareError(
+            f"--dtype {opts.dtype}: a vocabulary of {vocab_size:,} ids does not fit (at most {limit:,}); use --dtype uint32 or auto"
+        )
     return opts.dtype
 
 
@@ -128,9 +132,19 @@ def prepare(opts: PrepareOptions, log: Callable[[str], None] = print) -> Prepare
         raise PrepareError(str(err)) from None
     if opts.dtype != "auto":  # refuse a dtype too small before any input is read
         _choose_dtype(opts, spec_vocab_size(opts.tokenizer, opts.eod_token))
-    options = {"format": FORMAT, "version": VERSION, "inputs": opts.inputs, "tokenizer": tokenizer_identity,
-               "val_fraction": opts.val_fraction, "read": asdict(opts.read), "eod_token": opts.eod_token, "dtype": opts.dtype}
-    prepare_hash = hashlib.sha256(json.dumps([options, fingerprint_inputs(expanded)], sort_keys=True).encode()).hexdigest()[:16]
+    options = {
+        "format": FORMAT,
+        "version": VERSION,
+        "inputs": opts.inputs,
+        "tokenizer": tokenizer_identity,
+        "val_fraction": opts.val_fraction,
+        "read": asdict(opts.read),
+        "eod_token": opts.eod_token,
+        "dtype": opts.dtype,
+    }
+    prepare_hash = hashlib.sha256(
+        json.dumps([options, fingerprint_inputs(expanded)], sort_keys=True).encode()
+    ).hexdigest()[:16]
 
     if out.exists():
         if is_prepared(out):
@@ -142,7 +156,9 @@ def prepare(opts: PrepareOptions, log: Callable[[str], None] = print) -> Prepare
                 log(f"{out}: already prepared from the same inputs and options (hash {prepare_hash}); reusing it")
                 return PrepareResult(out, True, time.time() - start, old)
             if not opts.overwrite:
-                raise PrepareError(f"{out} holds data prepared from other inputs or options (hash {old.get('prepare_hash')}, now {prepare_hash}); choose another output folder or pass --overwrite")
+                raise PrepareError(
+                    f"{out} holds data prepared from other inputs or options (hash {old.get('prepare_hash')}, now {prepare_hash}); choose another output folder or pass --overwrite"
+                )
         elif not out.is_dir() or any(out.iterdir()):
             raise PrepareError(f"{out} exists and is not a prepared folder (no {META}); refusing to write into it")
     for stale in _stale_temporaries(out):
@@ -180,7 +196,9 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
         os.replace(tmp, out)
 
 
-def _documents(opts: PrepareOptions, expanded, stats: ReadStats, split: Optional[str] = None) -> Iterator[tuple[str, str]]:
+def _documents(
+    opts: PrepareOptions, expanded, stats: ReadStats, split: Optional[str] = None
+) -> Iterator[tuple[str, str]]:
     try:
         for doc in read_documents(expanded, opts.read, stats):
             s = split_of(doc.identity, opts.val_fraction)
@@ -280,7 +298,9 @@ def _write(opts: PrepareOptions, expanded, folder: Path, log: Callable[[str], No
     for split in SPLITS:
         if counts[split]["documents"] == 0:
             total = stats.documents
-            raise PrepareError(f"the {split} split is empty: {total} document(s) in all and --val-fraction {opts.val_fraction} puts none in it; give more documents or change --val-fraction")
+            raise PrepareError(
+                f"the {split} split is empty: {total} document(s) in all and --val-fraction {opts.val_fraction} puts none in it; give more documents or change --val-fraction"
+            )
         np.save(folder / f"{split}.docs.npy", np.asarray(offsets[split], dtype=np.int64))
     tokenizer_file = tokenizer.save(folder)
     return {

@@ -49,9 +49,13 @@ def read_meta(folder: str | Path) -> dict:
     except (OSError, json.JSONDecodeError) as err:
         raise PreparedFolderError(f"{path}: not a readable meta.json ({err})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise PreparedFolderError(f"{path}: not a prepared-text meta.json (format should be '{FORMAT}'); make the folder with prepare.py")
+        raise PreparedFolderError(
+            f"{path}: not a prepared-text meta.json (format should be '{FORMAT}'); make the folder with prepare.py"
+        )
     if meta.get("version") != VERSION:
-        raise PreparedFolderError(f"{path}: format version {meta.get('version')} is not the supported {VERSION}; prepare the folder again")
+        raise PreparedFolderError(
+            f"{path}: format version {meta.get('version')} is not the supported {VERSION}; prepare the folder again"
+        )
     return meta
 
 
@@ -77,7 +81,9 @@ class PreparedFolder:
             expected = meta["splits"][split]["tokens"] * np.dtype(dtype).itemsize
             if not tokens.is_file() or tokens.stat().st_size != expected:
                 found = tokens.stat().st_size if tokens.is_file() else "no file"
-                raise PreparedFolderError(f"{tokens}: expected {expected} bytes ({meta['splits'][split]['tokens']} {meta['dtype']} tokens, per meta.json), found {found}")
+                raise PreparedFolderError(
+                    f"{tokens}: expected {expected} bytes ({meta['splits'][split]['tokens']} {meta['dtype']} tokens, per meta.json), found {found}"
+                )
         return cls(path, meta, tokenizer)
 
     @property
@@ -104,6 +110,8 @@ class PreparedFolder:
 
     def describe(self) -> str:
         s = self.meta["splits"]
-        return (f"{self.path} ({self.meta['tokenizer']['spec']}, vocab {self.vocab_size:,}): "
-                f"{s['train']['tokens']:,} train / {s['val']['tokens']:,} val tokens, "
-                f"{bytes_per_token(s['val']):.2f} bytes per token")
+        return (
+            f"{self.path} ({self.meta['tokenizer']['spec']}, vocab {self.vocab_size:,}): "
+            f"{s['train']['tokens']:,} train / {s['val']['tokens']:,} val tokens, "
+            f"{bytes_per_token(s['val']):.2f} bytes per token"
+        )

@@ -26,8 +26,16 @@ class PreparedStream(TokenStreamDataset):
 
     metric = "bpb"
 
-    def __init__(self, folder: PreparedFolder, seq_len: int, batch_size: int, val_tokens: Optional[int], seed: int,
-                 document_masking: bool = False, vocab_size: Optional[int] = None):
+    def __init__(
+        self,
+        folder: PreparedFolder,
+        seq_len: int,
+        batch_size: int,
+        val_tokens: Optional[int],
+        seed: int,
+        document_masking: bool = False,
+        vocab_size: Optional[int] = None,
+    ):
         self.folder = folder
         self.seq_len = seq_len
         self.batch_size = batch_size
@@ -39,7 +47,9 @@ class PreparedStream(TokenStreamDataset):
         self.val = folder.tokens("val")
         for split, arr in (("train", self.train), ("val", self.val)):
             if len(arr) <= seq_len + 1:
-                raise ValueError(f"{folder.path}: the {split} split holds {len(arr)} tokens, fewer than seq_len + 2 = {seq_len + 2}")
+                raise ValueError(
+                    f"{folder.path}: the {split} split holds {len(arr)} tokens, fewer than seq_len + 2 = {seq_len + 2}"
+                )
         n_val = (len(self.val) - 1) // seq_len
         self.num_val_windows = min(n_val, val_tokens // seq_len) if val_tokens else n_val
         table = folder.tokenizer.token_bytes()

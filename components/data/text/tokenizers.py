@@ -61,8 +61,14 @@ class TextTokenizer:
         return None
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "spec": self.spec, "hash": self.fingerprint(), "vocab_size": self.vocab_size,
-                "eod_id": self.eod_id, "pad_id": self.pad_id}
+        return {
+            "kind": self.kind,
+            "spec": self.spec,
+            "hash": self.fingerprint(),
+            "vocab_size": self.vocab_size,
+            "eod_id": self.eod_id,
+            "pad_id": self.pad_id,
+        }
 
 
 class ByteTokenizer(TextTokenizer):
@@ -86,7 +92,11 @@ class ByteTokenizer(TextTokenizer):
 
 def _byte_level_decoding() -> dict[str, int]:
     """The inverse of byte-level BPE's byte-to-character alphabet (GPT-2's printable remapping)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\xa1"), ord("\xac") + 1))
+        + list(range(ord("\xae"), ord("\xff") + 1))
+    )
     chars = printable[:]
     n = 0
     for b in range(256):
@@ -109,7 +119,9 @@ class HFTokenizer(TextTokenizer):
         names = (eod_token,) if eod_token else EOD_CANDIDATES
         found = [n for n in names if n in vocab]
         if not found:
-            raise TokenizerError(f"tokenizer {spec}: no end-of-document token among {', '.join(names)}; name one with --eod-token")
+            raise TokenizerError(
+                f"tokenizer {spec}: no end-of-document token among {', '.join(names)}; name one with --eod-token"
+            )
         self.eod_id = vocab[found[0]]
         self.pad_id = vocab.get(PAD_TOKEN)
         self._json = tokenizer.to_str()
@@ -158,7 +170,9 @@ def parse_bpe_spec(spec: str) -> Optional[int]:
         return None
     size = spec[4:]
     if not size.isdigit() or not MIN_BPE_VOCAB <= int(size) < 2**32:
-        raise TokenizerError(f"tokenizer '{spec}': the vocabulary size must be a whole number from {MIN_BPE_VOCAB} to 2^32-1, e.g. bpe:8192")
+        raise TokenizerError(
+            f"tokenizer '{spec}': the vocabulary size must be a whole number from {MIN_BPE_VOCAB} to 2^32-1, e.g. bpe:8192"
+        )
     return int(size)
 
 
@@ -170,10 +184,14 @@ def spec_vocab_size(spec: str, eod_token: Optional[str] = None) -> int:
     return n if n is not None else load_tokenizer_file(spec, eod_token).vocab_size
 
 
-def load_tokenizer_file(path: str | os.PathLike, eod_token: Optional[str] = None, spec: Optional[str] = None) -> HFTokenizer:
+def load_tokenizer_file(
+    path: str | os.PathLike, eod_token: Optional[str] = None, spec: Optional[str] = None
+) -> HFTokenizer:
     """A ``tokenizer.json`` as a ``TextTokenizer``; TokenizerError naming the file if it does not load."""
     if not Path(path).is_file():
-        raise TokenizerError(f"tokenizer '{path}' is neither 'bytes', 'bpe:<vocab size>' nor an existing tokenizer.json file")
+        raise TokenizerError(
+            f"tokenizer '{path}' is neither 'bytes', 'bpe:<vocab size>' nor an existing tokenizer.json file"
+        )
     return HFTokenizer(_read_tokenizer_json(path), "file", spec or str(path), eod_token)
 
 
@@ -184,7 +202,9 @@ def _read_tokenizer_json(path: str | os.PathLike):
     try:
         return Tokenizer.from_file(str(path))
     except Exception as err:  # the Rust side raises a plain Exception with its parser's message
-        raise TokenizerError(f"tokenizer file {path} does not load as a Hugging Face tokenizer.json: {str(err).splitlines()[0]}") from None
+        raise TokenizerError(
+            f"tokenizer file {path} does not load as a Hugging Face tokenizer.json: {str(err).splitlines()[0]}"
+        ) from None
 
 
 def train_bpe(texts: Iterator[str], vocab_size: int, length: Optional[int] = None) -> HFTokenizer:
@@ -212,12 +232,18 @@ def load_prepared_tokenizer(folder: Path, described: dict) -> TextTokenizer:
     else:
         path = folder / TOKENIZER_FILE
         if not path.is_file():
-            raise TokenizerError(f"{folder}: meta.json names a {described['kind']} tokenizer but {TOKENIZER_FILE} is missing")
+            raise TokenizerError(
+                f"{folder}: meta.json names a {described['kind']} tokenizer but {TOKENIZER_FILE} is missing"
+            )
         raw = _read_tokenizer_json(path)
         # the end-of-document token is the one meta.json records, whatever the file's other specials
-        tok = HFTokenizer(raw, described["kind"], described.get("spec", str(path)), raw.id_to_token(described["eod_id"]))
+        tok = HFTokenizer(
+            raw, described["kind"], described.get("spec", str(path)), raw.id_to_token(described["eod_id"])
+        )
     if tok.fingerprint() != described["hash"]:
-        raise TokenizerError(f"{folder}: the tokenizer there (hash {tok.fingerprint()}) is not the one meta.json says the tokens were made with (hash {described['hash']}); prepare the folder again")
+        raise TokenizerError(
+            f"{folder}: the tokenizer there (hash {tok.fingerprint()}) is not the one meta.json says the tokens were made with (hash {described['hash']}); prepare the folder again"
+        )
     return tok
 
 

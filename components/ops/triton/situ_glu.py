@@ -59,8 +59,14 @@ if HAS_TRITON:
 
     @triton.jit
     def _situ_glu_fwd_kernel(
-        gate_ptr, up_ptr, z_ptr, n_elements, beta, linear_beta,
-        CAP_UP: tl.constexpr, BLOCK: tl.constexpr,
+        gate_ptr,
+        up_ptr,
+        z_ptr,
+        n_elements,
+        beta,
+        linear_beta,
+        CAP_UP: tl.constexpr,
+        BLOCK: tl.constexpr,
     ):
         pid = tl.program_id(0)
         offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: > 2^31 elements
@@ -80,9 +86,16 @@ if HAS_TRITON:
 
     @triton.jit
     def _situ_glu_bwd_kernel(
-        grad_z_ptr, gate_ptr, up_ptr, grad_gate_ptr, grad_up_ptr,
-        n_elements, beta, linear_beta,
-        CAP_UP: tl.constexpr, BLOCK: tl.constexpr,
+        grad_z_ptr,
+        gate_ptr,
+        up_ptr,
+        grad_gate_ptr,
+        grad_up_ptr,
+        n_elements,
+        beta,
+        linear_beta,
+        CAP_UP: tl.constexpr,
+        BLOCK: tl.constexpr,
     ):
         pid = tl.program_id(0)
         offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -140,8 +153,9 @@ def _device_ctx(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
-def situ_glu_fwd(gate: torch.Tensor, up: torch.Tensor, beta: float, linear_beta: float | None,
-                 block: int = DEFAULT_BLOCK) -> torch.Tensor:
+def situ_glu_fwd(
+    gate: torch.Tensor, up: torch.Tensor, beta: float, linear_beta: float | None, block: int = DEFAULT_BLOCK
+) -> torch.Tensor:
     """Forward only (no autograd). gate, up: same shape/dtype -> z of that shape/dtype."""
     _require_triton()
     _check_inputs(gate, up)
@@ -157,8 +171,14 @@ def situ_glu_fwd(gate: torch.Tensor, up: torch.Tensor, beta: float, linear_beta:
     return z
 
 
-def situ_glu_bwd(grad_z: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, beta: float,
-                 linear_beta: float | None, block: int = DEFAULT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+def situ_glu_bwd(
+    grad_z: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    beta: float,
+    linear_beta: float | None,
+    block: int = DEFAULT_BLOCK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Recompute-and-differentiate in one pass -> (grad_gate, grad_up) in the input dtype."""
     _require_triton()
     _check_inputs(gate, up)
@@ -173,8 +193,9 @@ def situ_glu_bwd(grad_z: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, bet
     beta_f, lb_f, cap_up = _launch_params(beta, linear_beta)
     grid = (triton.cdiv(n, block),)
     with _device_ctx(gate_c):
-        _situ_glu_bwd_kernel[grid](grad_z_c, gate_c, up_c, grad_gate, grad_up, n, beta_f, lb_f,
-                                   CAP_UP=cap_up, BLOCK=block)
+        _situ_glu_bwd_kernel[grid](
+            grad_z_c, gate_c, up_c, grad_gate, grad_up, n, beta_f, lb_f, CAP_UP=cap_up, BLOCK=block
+        )
     return grad_gate, grad_up
 
 
@@ -200,8 +221,13 @@ class SituGluTriton(torch.autograd.Function):
         return grad_gate, grad_up, None, None, None
 
 
-def situ_glu_triton(gate: torch.Tensor, up: torch.Tensor, beta: float = 4.0,
-                    linear_beta: float | None = 25.0, block: int = DEFAULT_BLOCK) -> torch.Tensor:
+def situ_glu_triton(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    beta: float = 4.0,
+    linear_beta: float | None = 25.0,
+    block: int = DEFAULT_BLOCK,
+) -> torch.Tensor:
     """Fused SiTU-GLU with autograd. gate, up: [...], same shape and dtype -> z: [...]."""
     _require_triton()
     return SituGluTriton.apply(gate, up, beta, linear_beta, block)
