@@ -216,10 +216,6 @@ def report(
     return out
 
 
-def _fmt(n: Any) -> str:
-    return f"{n:,}" if isinstance(n, int) else f"{n:.4g}" if isinstance(n, float) else str(n)
-
-
 def _ranges(idx: list[int]) -> str:
     """0,1,2,5,9,13 -> '0-2, 5, 9, 13' (0-indexed layers)."""
     parts, start = [], None

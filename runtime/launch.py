@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from components.registry import FAMILIES, ConfigError, unknown_choice_message
-from runtime import handoff
+from runtime import handoff, info_flags
 from runtime.launch_env import agreed_run_dir
 from runtime.memory_check import check_fits
 from runtime.sweep_job import split_override
@@ -233,6 +233,13 @@ def run(task: Callable[[DictConfig], Any], argv: Optional[list[str]] = None) -> 
     import hydra
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if info_flags.answers(argv):  # --help, --cfg job|all: printed here, with the data's fields completed
+        try:
+            (info_flags.print_help if any(a in info_flags.HELP_FLAGS for a in argv) else info_flags.print_config)(argv)
+        except (ConfigError, info_flags.InfoFlagError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(EXIT_CONFIG_ERROR)
+        return None
     if not any(a.split("=")[0] in INFO_FLAGS for a in argv):
         multirun = "-m" in argv or "--multirun" in argv
         overrides = [a for a in argv if not a.startswith("-")]

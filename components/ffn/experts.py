@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components.nn.eager_island import eager_island
 from components.nn.matrix_layout import HasMatrixLayouts, MatrixLayout
 
 DISPATCH_CHOICES = ("auto", "grouped_mm", "blocked", "padded_bmm", "loop")
@@ -196,7 +197,7 @@ def dropless_route_plan(indices: torch.Tensor, num_experts: int) -> RoutePlan:
     return RoutePlan(order, inverse, expert_sorted, rank, counts, offs, None)
 
 
-@torch.compiler.disable
+@eager_island
 def _capacity_route_plan(indices: torch.Tensor, num_experts: int, cap: int) -> RoutePlan:
     # An eager island inside a compiled layer: how many pairs each expert keeps depends on the routing.
     flat = indices.reshape(-1)  # [N*k], pair p = token * k + slot
@@ -220,10 +221,12 @@ def _gmm_dense(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Te
 
 # eager inside a compiled layer, where the rows kept are data-sized (capacity) or grouped_mm's shape
 # function refuses the dtype (it accepts bf16 only); the activation between the products still compiles
-_gmm_island = torch.compiler.disable(_gmm_dense)
+@eager_island
+def _gmm_island(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return _gmm_dense(x, w, offs)
 
 
-@torch.compiler.disable
+@eager_island
 def _padded_bmm_island(xs, w1, w2, w3, act, plan: RoutePlan) -> torch.Tensor:
     # eager inside a compiled layer: the padded width is the largest expert load, known only from the data
     E = w1.shape[0]

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components.nn.eager_island import eager_island
 from components.nn.recompute import recomputing
 
 ROUTER_ACTIVATIONS = ("sigmoid", "softmax")
@@ -182,7 +183,7 @@ class Router(nn.Module):
         h = margin_histogram(r, *self.hist_range, self.hist_bins)  # [E, bins]
         self.hist = h if self.hist is None else self.hist + h
 
-    @torch.compiler.disable
+    @eager_island
     @torch.no_grad()
     def _record(
         self, scores: torch.Tensor, indices: torch.Tensor, cutoff: torch.Tensor, shape: tuple[int, ...]

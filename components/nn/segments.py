@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import torch
 
+from components.nn.eager_island import eager_island
+
 __all__ = ["SegmentPacking", "Segments"]
 
 
@@ -118,7 +120,7 @@ class Segments:
 
         return self._cached("attention_mask", build)
 
-    @torch.compiler.disable  # data-dependent size: built eagerly (and kept) even when called from a graph
+    @eager_island  # data-dependent size: built eagerly (and kept) even when called from a graph
     def cu_seqlens(self) -> torch.Tensor:
         """Boundaries ``[N + 1]`` (long) of the N documents of the rows flattened to one sequence of
         ``B * T`` tokens: every document start and every row start, then ``B * T``."""
@@ -131,7 +133,7 @@ class Segments:
 
         return self._cached("cu_seqlens", build)
 
-    @torch.compiler.disable  # data-dependent sizes and a host read: always eager
+    @eager_island  # data-dependent sizes and a host read: always eager
     def packing(self, max_align: int, min_align: int) -> SegmentPacking:
         """Documents aligned to chunk boundaries for a chunked recurrence of chunk size ``max_align``.
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from components.nn.eager_island import eager_island
 from components.nn.segments import Segments
 
 __all__ = ["chunk_kda", "kda_gate", "l2norm", "recurrent_kda"]
@@ -616,7 +617,7 @@ def chunk_kda(
     return o, (final if output_final_state else None)
 
 
-@torch.compiler.disable(recursive=True)
+@eager_island
 def _chunk_kda_apply(q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, segments=None):
     # An opaque island inside a compiled region: the chunk size is chosen from the data (one host read of
     # the largest chunk log-decay), the hand-written backward loops over chunks, and every op inside is

@@ -1,0 +1,49 @@
+"""``train.py --help`` and ``--cfg``: the composed config as a run would see it, choices without schema entries."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from components.registry import FAMILIES
+from tests.helpers import REPO
+
+
+def _train(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_cfg_job_resolve_fills_the_vocabulary_from_the_data():
+    for data, vocab in (("code", 8192), ("corpus", 257)):  # a tokenizer's size; the byte corpus's own
+        out = _train("--cfg", "job", "--resolve", f"data={data}")
+        assert out.returncode == 0, out.stderr
+        cfg = yaml.safe_load(out.stdout)
+        assert cfg["model"]["vocab_size"] == vocab == cfg["data"]["vocab_size"]
+        assert "hydra" not in cfg
+
+
+def test_cfg_package():
+    out = _train("--cfg", "job", "--package", "mixer", "mixer=kda")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("# @package mixer\n") and yaml.safe_load(out.stdout)["name"] == "kda"
+
+
+def test_cfg_refuses_bad_values_naming_them():
+    out = _train("--cfg", "jobs")
+    assert out.returncode == 2 and "--cfg: 'jobs' is not allowed" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_help_offers_every_member_and_no_schema_entries():
+    out = _train("--help")
+    assert out.returncode == 0, out.stderr
+    assert "_schema" not in out.stdout
+    choices = {
+        line.split(":", 1)[0].strip(): line.split(":", 1)[1].split(", ")
+        for line in out.stdout.splitlines()
+        if line.startswith("  ") and not line.startswith("   ") and ":" in line
+    }
+    for group, registry in FAMILIES.items():
+        assert sorted(c.strip() for c in choices[group]) == registry.names(), group
+    assert "vocab_size: ${data.vocab_size}" in out.stdout  # the default config follows, unresolved
