@@ -27,20 +27,23 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="prepare.py",
         description=__doc__.split("\n\n")[0] + ".",
-        epilog="Reruns with the same inputs and options reuse the folder; other inputs need a new --out or --overwrite.",
+        epilog="Reruns with the same inputs and options reuse the folder; other inputs need a new --out or "
+        "--overwrite.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "inputs",
         nargs="+",
         metavar="INPUT",
-        help="text files, folders, glob patterns ('**' recurses; quote them), .jsonl or .parquet files, stdlib:code, stdlib:docs",
+        help="text files, folders, glob patterns ('**' recurses; quote them), .jsonl or .parquet files, stdlib:code, "
+        "stdlib:docs",
     )
     p.add_argument("--out", required=True, help="the folder to write (created; refused if it holds something else)")
     p.add_argument(
         "--tokenizer",
         default="bytes",
-        help="bytes (UTF-8 bytes + end-of-document, 257 ids), bpe:N (byte-level BPE with N ids, trained on the training split), or the path of a tokenizer.json (default: bytes)",
+        help="bytes (UTF-8 bytes + end-of-document, 257 ids), bpe:N (byte-level BPE with N ids, trained on the "
+        "training split), or the path of a tokenizer.json (default: bytes)",
     )
     p.add_argument(
         "--val-fraction",
@@ -71,7 +74,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--eod-token",
         default=None,
-        help="the end-of-document token of a tokenizer.json (default: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos>, <|eos|>, [SEP] that it has)",
+        help="the end-of-document token of a tokenizer.json (default: the first of <|endoftext|>, <|end_of_text|>, "
+        "</s>, <eos>, <|eos|>, [SEP] that it has)",
     )
     p.add_argument(
         "--dtype",
@@ -110,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prepared {result.folder} in {result.seconds:.1f} s ({mb / max(result.seconds, 1e-9):.2f} MB/s of text)")
     for split, s in m["splits"].items():
         print(
-            f"  {split}: {s['documents']:,} documents, {s['tokens']:,} tokens, {s['bytes']:,} UTF-8 bytes ({bytes_per_token(s):.2f} bytes per token)"
+            f"  {split}: {s['documents']:,} documents, {s['tokens']:,} tokens, {s['bytes']:,} UTF-8 bytes "
+            f"({bytes_per_token(s):.2f} bytes per token)"
         )
     r = m["read"]
     if r.get("binary_files_skipped") or r.get("replaced_characters") or r.get("empty_documents"):
         print(
-            f"  skipped {r['binary_files_skipped']} binary file(s), {r['empty_documents']} empty document(s); replaced {r['replaced_characters']} undecodable byte sequence(s) with U+FFFD"
+            f"  skipped {r['binary_files_skipped']} binary file(s), {r['empty_documents']} empty document(s); replaced "
+            f"{r['replaced_characters']} undecodable byte sequence(s) with U+FFFD"
         )
     print(
         f"  tokenizer {m['tokenizer']['spec']} (hash {m['tokenizer']['hash']}, {m['vocab_size']:,} ids, {m['dtype']})"

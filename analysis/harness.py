@@ -1,6 +1,7 @@
 """Any run as an lm-evaluation-harness model, registered in the harness's registry as ``k3``.
 
-    python -m analysis.harness --model k3 --model_args run=RUN[,device=cpu,max_length=N,batch_size=8] --tasks TASKS [harness options]
+    python -m analysis.harness --model k3 --model_args run=RUN[,device=cpu,max_length=N,batch_size=8] \
+        --tasks TASKS [harness options]
     python -m analysis.evaluate RUN --tasks TASKS [--include-path DIR] [--limit N]
 
 The first form is the harness's own command line (``lm_eval``) with this module imported first, so that

@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
     keep_freed_memory()  # as the trainer does on the CPU, for every path alike
     print(
-        f"k3_small training step on the CPU ({torch.get_num_threads()} threads), batch {args.batch} x {args.seq} tokens; "
+        f"k3_small training step on the CPU ({torch.get_num_threads()} threads), batch {args.batch} x {args.seq} "
+        "tokens; "
         f"{args.warmup} warmup + {args.rounds} timed steps each, interleaved"
     )
     ids = corpus_batches(validate_overrides(list(overrides)), 1, args.batch, args.seq)[0]

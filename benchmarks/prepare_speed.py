@@ -27,7 +27,8 @@ def main() -> None:
     args = p.parse_args()
     print(f"{os.cpu_count()} cores")
     print(
-        f"{'input':<14}{'tokenizer':<11}{'MB':>7}{'total s':>9}{'train s':>9}{'MB/s':>8}{'tok MB/s':>10}{'bytes/token':>13}"
+        f"{'input':<14}{'tokenizer':<11}{'MB':>7}{'total s':>9}{'train s':>9}{'MB/s':>8}{'tok MB/s':>10}"
+        f"{'bytes/token':>13}"
     )
     for source in args.inputs:
         for spec in args.tokenizers:
@@ -48,7 +49,8 @@ def main() -> None:
             tokens = sum(s["tokens"] - s["documents"] for s in splits)
             train_s = trained[0] if trained else 0.0
             print(
-                f"{source:<14}{spec:<11}{mb:>7.1f}{total:>9.1f}{train_s:>9.1f}{mb / total:>8.2f}{mb / max(total - train_s, 1e-9):>10.2f}"
+                f"{source:<14}{spec:<11}{mb:>7.1f}{total:>9.1f}{train_s:>9.1f}{mb / total:>8.2f}"
+                f"{mb / max(total - train_s, 1e-9):>10.2f}"
                 f"{mb * 1e6 / tokens:>13.2f}"
             )
 

@@ -134,8 +134,10 @@ def wait_for_record(
     if stale is not None:
         age = launch.started_at - stale.get("written_at", 0.0)
         detail = (
-            f"{path} holds a record written {age:.0f} s before this process started (run folder {stale.get('run_dir')}), "
-            f"left by an earlier launch with the same id; delete it, or give the launch a unique id (torchrun --rdzv-id)"
+            f"{path} holds a record written {age:.0f} s before this process started (run folder "
+            f"{stale.get('run_dir')}), "
+            "left by an earlier launch with the same id; delete it, or give the launch a unique id (torchrun "
+            "--rdzv-id)"
         )
     else:
         detail = (

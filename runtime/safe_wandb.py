@@ -21,7 +21,8 @@ class SafeWandbLogger(WandbLogger):
         except Exception as err:  # network, quota, auth: none of them is worth a lost run
             self.broken = True
             print(
-                f"warning: W&B {what} failed ({type(err).__name__}: {err}); W&B logging is off for the rest of this run, metrics.jsonl has everything"
+                f"warning: W&B {what} failed ({type(err).__name__}: {err}); W&B logging is off for the rest of this "
+                "run, metrics.jsonl has everything"
             )
             return None
 

@@ -95,7 +95,8 @@ def load_study(name: str) -> dict[str, Any]:
         study.setdefault("points", {"search": []})
         if len(study["points"]) > 1:
             raise SystemExit(
-                f"error: {path.name}: a search study has one point (each point's search would overwrite the sweep folder's optimization_results.yaml)"
+                f"error: {path.name}: a search study has one point (each point's search would overwrite the sweep "
+                "folder's optimization_results.yaml)"
             )
     if not study.get("points"):
         raise SystemExit(f"error: {path.name}: 'points' must name at least one override set")
@@ -200,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [x for x in chosen if x not in study["points"]]
         if unknown:
             raise SystemExit(
-                f"error: --points: {', '.join(unknown)} not in study '{args.study}'; its points: {', '.join(study['points'])}"
+                f"error: --points: {', '.join(unknown)} not in study '{args.study}'; its points: "
+                f"{', '.join(study['points'])}"
             )
         study["points"] = {k: v for k, v in study["points"].items() if k in chosen}
     sweep_dir = (

@@ -87,7 +87,8 @@ def _compare(
                 dtype, got = found[k]
                 if dtype != torch.uint8 or tuple(got) != s:
                     raise WeightsMismatch(
-                        f"{where}: {k} is {dtype} {list(got)}; MXFP4 for {owner} [{out_dim}, {in_dim}] needs uint8 {list(s)}"
+                        f"{where}: {k} is {dtype} {list(got)}; MXFP4 for {owner} [{out_dim}, {in_dim}] needs uint8 "
+                        f"{list(s)}"
                     )
             used.update(want)
             keys.append(packed_key)

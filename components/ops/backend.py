@@ -89,11 +89,13 @@ def resolve(op: str, choice: str, device: torch.device, applies: Union[bool, Cal
         return kernel if on_device and _applies(applies) and available(kernel) else "torch"
     if not available(kernel):
         raise RuntimeError(
-            f"{op}: backend '{kernel}' is not importable on this machine (install {'fla-core' if kernel == 'fla' else 'triton'}); use backend torch or auto"
+            f"{op}: backend '{kernel}' is not importable on this machine (install "
+            f"{'fla-core' if kernel == 'fla' else 'triton'}); use backend torch or auto"
         )
     if not on_device:
         raise RuntimeError(
-            f"{op}: backend '{kernel}' is a Triton kernel and needs CUDA tensors, got {device.type}; use backend torch or auto"
+            f"{op}: backend '{kernel}' is a Triton kernel and needs CUDA tensors, got {device.type}; use backend torch "
+            "or auto"
         )
     if not _applies(applies):
         raise RuntimeError(f"{op}: backend '{kernel}' does not support these inputs; use backend torch or auto")

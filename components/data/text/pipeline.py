@@ -105,7 +105,8 @@ def _choose_dtype(opts: PrepareOptions, vocab_size: int) -> str:
     limit = np.iinfo(np.dtype(opts.dtype)).max + 1
     if vocab_size > limit:
         raise PrepareError(
-            f"--dtype {opts.dtype}: a vocabulary of {vocab_size:,} ids does not fit (at most {limit:,}); use --dtype uint32 or auto"
+            f"--dtype {opts.dtype}: a vocabulary of {vocab_size:,} ids does not fit (at most {limit:,}); use --dtype "
+            "uint32 or auto"
         )
     return opts.dtype
 
@@ -157,7 +158,8 @@ def prepare(opts: PrepareOptions, log: Callable[[str], None] = print) -> Prepare
                 return PrepareResult(out, True, time.time() - start, old)
             if not opts.overwrite:
                 raise PrepareError(
-                    f"{out} holds data prepared from other inputs or options (hash {old.get('prepare_hash')}, now {prepare_hash}); choose another output folder or pass --overwrite"
+                    f"{out} holds data prepared from other inputs or options (hash {old.get('prepare_hash')}, now "
+                    f"{prepare_hash}); choose another output folder or pass --overwrite"
                 )
         elif not out.is_dir() or any(out.iterdir()):
             raise PrepareError(f"{out} exists and is not a prepared folder (no {META}); refusing to write into it")
@@ -299,7 +301,8 @@ def _write(opts: PrepareOptions, expanded, folder: Path, log: Callable[[str], No
         if counts[split]["documents"] == 0:
             total = stats.documents
             raise PrepareError(
-                f"the {split} split is empty: {total} document(s) in all and --val-fraction {opts.val_fraction} puts none in it; give more documents or change --val-fraction"
+                f"the {split} split is empty: {total} document(s) in all and --val-fraction {opts.val_fraction} puts "
+                "none in it; give more documents or change --val-fraction"
             )
         np.save(folder / f"{split}.docs.npy", np.asarray(offsets[split], dtype=np.int64))
     tokenizer_file = tokenizer.save(folder)

@@ -171,7 +171,8 @@ def parse_bpe_spec(spec: str) -> Optional[int]:
     size = spec[4:]
     if not size.isdigit() or not MIN_BPE_VOCAB <= int(size) < 2**32:
         raise TokenizerError(
-            f"tokenizer '{spec}': the vocabulary size must be a whole number from {MIN_BPE_VOCAB} to 2^32-1, e.g. bpe:8192"
+            f"tokenizer '{spec}': the vocabulary size must be a whole number from {MIN_BPE_VOCAB} to 2^32-1, e.g. "
+            "bpe:8192"
         )
     return int(size)
 
@@ -242,7 +243,8 @@ def load_prepared_tokenizer(folder: Path, described: dict) -> TextTokenizer:
         )
     if tok.fingerprint() != described["hash"]:
         raise TokenizerError(
-            f"{folder}: the tokenizer there (hash {tok.fingerprint()}) is not the one meta.json says the tokens were made with (hash {described['hash']}); prepare the folder again"
+            f"{folder}: the tokenizer there (hash {tok.fingerprint()}) is not the one meta.json says the tokens were "
+            f"made with (hash {described['hash']}); prepare the folder again"
         )
     return tok
 
