@@ -9,20 +9,35 @@ import lightning as L
 import torch
 
 
-def measure_peak_flops(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of a large square matmul on ``device``: the ceiling MFU is measured against."""
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return 2 * size**3 * repeats / (time.perf_counter() - start)
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, max_size: int = 2048, budget_s: float = 0.25) -> float:
+    """FLOP/s of a square matmul on ``device``: the ceiling MFU is measured against.
+
+    The size doubles from 256 until one product takes a few milliseconds, then products repeat for about
+    ``budget_s``: a CPU without native bf16 runs bf16 matmuls at ~1 GFLOP/s, where one fixed 2048^3
+    product would take minutes before the first training step.
+    """
+
+    def timed(a: torch.Tensor, b: torch.Tensor, repeats: int) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    size = 256
+    while True:
+        a = torch.randn(size, size, device=device, dtype=dtype)
+        b = torch.randn(size, size, device=device, dtype=dtype)
+        timed(a, b, 1)  # warm-up: kernel selection, allocation
+        once = timed(a, b, 1)
+        if once >= budget_s / 20 or size >= max_size:
+            break
+        size *= 2
+    repeats = max(1, min(20, int(budget_s / max(once, 1e-9))))
+    return 2 * size**3 * repeats / timed(a, b, repeats)
 
 
 # dense bf16 tensor-core peaks of common accelerators (FLOP/s)
