@@ -7,7 +7,8 @@
 
 Inputs are text files, folders of them (recursive), glob patterns, JSONL files (``.jsonl``: one JSON
 object per line, the text under ``--text-field``), Parquet files (``.parquet``, the text in column
-``--text-field``; needs pyarrow), and the embedded ``stdlib:code`` (this Python's standard-library
+``--text-field``; needs pyarrow), any of these compressed (``.gz``, ``.bz2``, ``.xz``; ``.zst`` with
+zstandard), and the embedded ``stdlib:code`` (this Python's standard-library
 sources) and ``stdlib:docs`` (its English documentation: reference topics and docstrings). The folder
 holds the tokens, document boundaries, the tokenizer, and ``meta.json`` with everything needed to
 report bits per byte for any tokenizer. Exit status 2 on bad input, with nothing written.
@@ -18,7 +19,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from components.data.text.documents import BINARY_POLICIES, FORMATS, ReadOptions
+from components.data.text.documents import BINARY_POLICIES, ReadOptions
+from components.data.text.input_files import FORMATS
 from components.data.text.pipeline import PrepareError, PrepareOptions, prepare
 from components.data.text.prepared import bytes_per_token
 

@@ -9,7 +9,6 @@ derived from the options, and is rebuilt only when the inputs or options change.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -18,7 +17,8 @@ from typing import Any, Optional
 
 from components.data.base import DatasetConfig
 from components.data.corpus import default_cache_dir
-from components.data.text.documents import InputError, ReadOptions, expand_input
+from components.data.text.documents import ReadOptions
+from components.data.text.input_files import InputError, expand_input
 from components.data.text.pipeline import PrepareOptions, prepare
 from components.data.text.prepared import PreparedFolder
 from components.data.text.stream import PreparedStream
@@ -122,12 +122,8 @@ class TextCorpus(PreparedStream):
 
     def __init__(self, cfg: TextConfig, seed: int):
         out = cfg.folder()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        # one preparer at a time (data-parallel ranks, parallel runs); the others then find it prepared
-        with open(out.parent / f".{out.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            prepare(cfg.options(out), log=lambda msg: None)
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        # prepare() holds the folder's lock: one preparer at a time (data-parallel ranks, parallel runs)
+        prepare(cfg.options(out), log=lambda msg: None)
         super().__init__(
             PreparedFolder.open(out),
             cfg.seq_len,

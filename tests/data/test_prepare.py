@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import prepare as prepare_cli
-from components.data.text.documents import ReadOptions, ReadStats, expand_input, read_documents, split_of
+from components.data.text.documents import ReadOptions, ReadStats, read_documents, split_of
+from components.data.text.input_files import expand_input
 from components.data.text.pipeline import PrepareError, PrepareOptions, prepare
 from components.data.text.prepared import PreparedFolder
 from components.data.text.tokenizers import load_tokenizer_file

@@ -10,38 +10,27 @@ counted; binary files (a NUL byte near the start) among text files are skipped a
 from __future__ import annotations
 
 import ast
-import glob
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
 from components.data.corpus import is_validation, stdlib_fingerprint, stdlib_root, stdlib_sources
+from components.data.text.compression import CompressionError, iter_input_lines, read_input_bytes
+from components.data.text.input_files import InputError, InputFile
 
-EMBEDDED = ("stdlib:code", "stdlib:docs")
-FORMATS = ("auto", "text", "jsonl", "parquet")
 BINARY_POLICIES = ("skip", "error")
 _SNIFF = 8192  # bytes looked at for a NUL when deciding a file is binary
-_JSONL_SUFFIXES = (".jsonl", ".ndjson")
-
-
-class InputError(ValueError):
-    """An input that cannot be read as asked; the message names the file and what is wrong."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
 class Document:
     identity: str
     text: str
-
-
-@dataclass
-class InputFile:
-    path: Path
-    name: str  # path below its input (the identity of a whole-file document)
-    format: str  # text, jsonl or parquet
 
 
 @dataclass
@@ -58,6 +47,8 @@ class ReadStats:
     empty_documents: int = 0
     binary_files: list[str] = field(default_factory=list)
     replaced_characters: int = 0
+    # per input: files, documents, empty documents and binary files skipped (why an input gave nothing)
+    per_input: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {
@@ -66,56 +57,6 @@ class ReadStats:
             "binary_files_skipped": len(self.binary_files),
             "replaced_characters": self.replaced_characters,
         }
-
-
-def _has_glob(s: str) -> bool:
-    return any(c in s for c in "*?[")
-
-
-def _format_of(path: Path, fmt: str) -> str:
-    if fmt != "auto":
-        return fmt
-    if path.suffix in _JSONL_SUFFIXES:
-        return "jsonl"
-    if path.suffix == ".parquet":
-        return "parquet"
-    return "text"
-
-
-def expand_input(pattern: str, fmt: str = "auto") -> list[InputFile] | str:
-    """The files one input names (sorted), or the embedded source's name. InputError if it names nothing."""
-    if pattern in EMBEDDED:
-        return pattern
-    if pattern.startswith("stdlib:"):
-        raise InputError(f"input '{pattern}': unknown embedded source; choose one of {', '.join(EMBEDDED)}")
-    if _has_glob(pattern):
-        parts = Path(pattern).parts
-        fixed = next(i for i, p in enumerate(parts) if _has_glob(p))
-        base = Path(*parts[:fixed]) if fixed else Path(".")
-        paths = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
-        if not paths:
-            raise InputError(f"input '{pattern}': the pattern matches no files")
-    else:
-        p = Path(pattern)
-        if not p.exists():
-            raise InputError(f"input '{pattern}': no such file or folder")
-        if p.is_file():
-            base, paths = p.parent, [p]
-            if p.stat().st_size == 0:
-                raise InputError(f"input '{pattern}': the file is empty")
-        else:
-            base = p
-            paths = sorted(
-                q
-                for q in p.rglob("*")
-                if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts)
-            )
-            if not paths:
-                raise InputError(f"input '{pattern}': the folder holds no files")
-    return [
-        InputFile(q, q.relative_to(base).as_posix() if q.is_relative_to(base) else q.as_posix(), _format_of(q, fmt))
-        for q in paths
-    ]
 
 
 def fingerprint_inputs(inputs: list[list[InputFile] | str]) -> str:
@@ -146,18 +87,18 @@ def decode_utf8(data: bytes, stats: ReadStats) -> str:
 
 
 def clean_text(text: str, stats: ReadStats) -> str:
-    """``text`` as encodable UTF-8: lone surrogates (possible in JSON strings) become U+FFFD, counted."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        cleaned = text.encode("utf-8", errors="surrogatepass").decode("utf-8", errors="replace")
-        stats.replaced_characters += cleaned.count("\ufffd") - text.count("\ufffd")
-        return cleaned
+    """``text`` as encodable UTF-8: each lone surrogate (possible in JSON strings) becomes one U+FFFD,
+    counted once."""
+    cleaned, replaced = _SURROGATE.subn("\ufffd", text)
+    stats.replaced_characters += replaced
+    return cleaned
 
 
 def _read_text_file(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterator[Document]:
-    data = f.path.read_bytes()
+    try:
+        data = read_input_bytes(f.path)
+    except CompressionError as err:
+        raise InputError(str(err)) from None
     if b"\0" in data[:_SNIFF]:
         if opts.binary == "error":
             raise InputError(
@@ -175,27 +116,38 @@ def _field_text(value, where: str, opts: ReadOptions, stats: ReadStats) -> str:
 
 
 def _read_jsonl(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterator[Document]:
-    with open(f.path, "rb") as fh:
-        for number, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            where = f"{f.path}:{number}"
-            try:
-                record = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                raise InputError(f"{where}: not a JSON line ({err})") from None
-            if not isinstance(record, dict) or opts.text_field not in record:
-                fields = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
-                raise InputError(
-                    f"{where}: no field '{opts.text_field}' (the record has: {fields}); name the text field with --text-field"
-                )
-            text = _field_text(record[opts.text_field], where, opts, stats)
-            identity = f"{f.name}#{number}"
-            if opts.id_field is not None:
-                if opts.id_field not in record:
-                    raise InputError(f"{where}: no id field '{opts.id_field}'")
-                identity = str(record[opts.id_field])
-            yield Document(identity, text)
+    lines = iter_input_lines(f.path)
+    number = 0
+    while True:
+        try:
+            raw = next(lines, None)
+        except CompressionError as err:
+            raise InputError(str(err)) from None
+        if raw is None:
+            return
+        number += 1
+        if not raw.strip():
+            continue
+        where = f"{f.path}:{number}"
+        try:
+            record = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise InputError(f"{where}: not a JSON line ({err})") from None
+        except RecursionError:
+            raise InputError(f"{where}: the JSON is nested too deeply to read") from None
+        if not isinstance(record, dict) or opts.text_field not in record:
+            fields = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
+            raise InputError(
+                f"{where}: no field '{opts.text_field}' (the record has: {fields}); "
+                "name the text field with --text-field"
+            )
+        text = _field_text(record[opts.text_field], where, opts, stats)
+        identity = f"{f.name}#{number}"
+        if opts.id_field is not None:
+            if opts.id_field not in record:
+                raise InputError(f"{where}: no id field '{opts.id_field}'")
+            identity = str(record[opts.id_field])
+        yield Document(identity, text)
 
 
 def _read_parquet(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterator[Document]:
@@ -203,7 +155,8 @@ def _read_parquet(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterator
         import pyarrow.parquet as pq
     except ImportError:
         raise InputError(
-            f"{f.path}: reading Parquet needs pyarrow, which is not installed: pip install 'k3-sandbox[parquet]' (or pyarrow)"
+            f"{f.path}: reading Parquet needs pyarrow, which is not installed: "
+            "pip install 'k3-sandbox[parquet]' (or pyarrow)"
         ) from None
     try:
         pf = pq.ParquetFile(f.path)
@@ -277,21 +230,56 @@ def stdlib_docs_documents() -> Iterator[Document]:
                 yield Document(f"docstrings/{rel}", text)
 
 
-def read_documents(inputs: list[list[InputFile] | str], opts: ReadOptions, stats: ReadStats) -> Iterator[Document]:
-    """Every document of the expanded inputs, in order; empty documents are counted and dropped."""
-    for item in inputs:
+def read_documents(
+    inputs: list[list[InputFile] | str],
+    opts: ReadOptions,
+    stats: ReadStats,
+    names: Optional[list[str]] = None,
+) -> Iterator[Document]:
+    """Every document of the expanded inputs, in order; empty documents are counted and dropped. Counts per
+    input (named by ``names``, the inputs as given) go to ``stats.per_input``."""
+    for index, item in enumerate(inputs):
+        name = names[index] if names is not None else str(index)
+        counts = stats.per_input.setdefault(name, {"files": 0, "documents": 0, "empty": 0, "binary": 0})
         if item == "stdlib:code":
             docs: Iterator[Document] = stdlib_code_documents()
         elif item == "stdlib:docs":
             docs = stdlib_docs_documents()
         else:
-            docs = (d for f in item for d in _READERS[f.format](f, opts, stats))
+            counts["files"] += len(item)
+            docs = _file_documents(item, opts, stats, counts)
         for doc in docs:
             if not doc.text:
                 stats.empty_documents += 1
+                counts["empty"] += 1
                 continue
             stats.documents += 1
+            counts["documents"] += 1
             yield doc
+
+
+def _file_documents(
+    files: list[InputFile], opts: ReadOptions, stats: ReadStats, counts: dict[str, int]
+) -> Iterator[Document]:
+    for f in files:
+        binary_before = len(stats.binary_files)
+        yield from _READERS[f.format](f, opts, stats)
+        counts["binary"] += len(stats.binary_files) - binary_before
+
+
+def why_nothing(stats: ReadStats) -> str:
+    """For each input that gave no document, what it held instead (the 'nothing to prepare' message)."""
+    parts = []
+    for name, c in stats.per_input.items():
+        if c["documents"]:
+            continue
+        held = [f"{c['files']} file(s)"] if c["files"] else []
+        if c["empty"]:
+            held.append(f"{c['empty']} empty document(s)")
+        if c["binary"]:
+            held.append(f"{c['binary']} binary file(s) skipped (--binary skip)")
+        parts.append(f"input '{name}': no documents ({', '.join(held) or 'nothing readable'})")
+    return "; ".join(parts)
 
 
 def split_of(identity: str, val_fraction: float) -> str:

@@ -24,15 +24,15 @@ import numpy as np
 
 from components.data.text.documents import (
     BINARY_POLICIES,
-    FORMATS,
-    InputError,
     ReadOptions,
     ReadStats,
-    expand_input,
     fingerprint_inputs,
     read_documents,
     split_of,
+    why_nothing,
 )
+from components.data.text.input_files import FORMATS, Expansion, InputError, expand_input
+from components.data.text.output_lock import OutputLock
 from components.data.text.prepared import FORMAT, META, SPLITS, VERSION, is_prepared, read_meta
 from components.data.text.tokenizers import (
     ByteTokenizer,
@@ -90,6 +90,12 @@ def check_options(opts: PrepareOptions) -> None:
         raise PrepareError(f"--binary '{opts.read.binary}' is not allowed; choose one of {', '.join(BINARY_POLICIES)}")
     if opts.dtype not in ("auto", "uint16", "uint32"):
         raise PrepareError(f"--dtype '{opts.dtype}' is not allowed; choose one of auto, uint16, uint32")
+    out = Path(opts.out)
+    for ancestor in [out, *out.parents]:
+        if ancestor.exists():
+            if ancestor != out and not ancestor.is_dir():
+                raise PrepareError(f"--out {opts.out}: {ancestor} is a file, not a folder to write into")
+            break
 
 
 def _tokenizer_identity(spec: str, eod_token: Optional[str]) -> str:
@@ -126,11 +132,16 @@ def prepare(opts: PrepareOptions, log: Callable[[str], None] = print) -> Prepare
     start = time.time()
     check_options(opts)
     out = Path(opts.out)
+    expansion = Expansion()
     try:
-        expanded = [expand_input(p, opts.read.format) for p in opts.inputs]
+        # the output folder and its hidden siblings (temporaries, lock) are never inputs
+        exclude = [out, *out.parent.glob(f".{out.name}.*")]
+        expanded = [expand_input(p, opts.read.format, exclude, expansion) for p in opts.inputs]
         tokenizer_identity = _tokenizer_identity(opts.tokenizer, opts.eod_token)
     except (InputError, TokenizerError) as err:
         raise PrepareError(str(err)) from None
+    for note in expansion.notes:
+        log(f"note: {note}")
     if opts.dtype != "auto":  # refuse a dtype too small before any input is read
         _choose_dtype(opts, spec_vocab_size(opts.tokenizer, opts.eod_token))
     options = {
@@ -148,37 +159,48 @@ def prepare(opts: PrepareOptions, log: Callable[[str], None] = print) -> Prepare
     ).hexdigest()[:16]
 
     if out.exists():
-        if is_prepared(out):
-            try:
-                old = read_meta(out)
-            except ValueError:
-                old = {}
-            if old.get("prepare_hash") == prepare_hash:
+        _check_replaceable(out, prepare_hash, opts)  # before the lock: refuse without writing anything
+    # one preparation of a folder at a time: a second waits, then finds the folder the first wrote
+    with OutputLock(out, log):
+        if out.exists():
+            old = _check_replaceable(out, prepare_hash, opts)
+            if old is not None:
                 log(f"{out}: already prepared from the same inputs and options (hash {prepare_hash}); reusing it")
                 return PrepareResult(out, True, time.time() - start, old)
-            if not opts.overwrite:
-                raise PrepareError(
-                    f"{out} holds data prepared from other inputs or options (hash {old.get('prepare_hash')}, now "
-                    f"{prepare_hash}); choose another output folder or pass --overwrite"
-                )
-        elif not out.is_dir() or any(out.iterdir()):
-            raise PrepareError(f"{out} exists and is not a prepared folder (no {META}); refusing to write into it")
-    for stale in _stale_temporaries(out):
-        shutil.rmtree(stale, ignore_errors=True)
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    tmp.mkdir()
-    try:
-        meta = _write(opts, expanded, tmp, log)
-        meta["prepare_hash"] = prepare_hash
-        meta["seconds"] = round(time.time() - start, 2)
-        _write_json(tmp / META, meta)  # last: a folder with meta.json is complete
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        for stale in _stale_temporaries(out):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            meta = _write(opts, expanded, tmp, log)
+            meta["prepare_hash"] = prepare_hash
+            meta["seconds"] = round(time.time() - start, 2)
+            _write_json(tmp / META, meta)  # last: a folder with meta.json is complete
+            _swap_into_place(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return PrepareResult(out, False, time.time() - start, meta)
+
+
+def _check_replaceable(out: Path, prepare_hash: str, opts: PrepareOptions) -> Optional[dict]:
+    """The meta of ``out`` when it holds exactly this preparation (reuse it); None when it may be replaced;
+    PrepareError when it holds something else and --overwrite is not given."""
+    if is_prepared(out):
+        try:
+            old = read_meta(out)
+        except ValueError:
+            old = {}
+        if old.get("prepare_hash") == prepare_hash:
+            return old
+        if not opts.overwrite:
+            raise PrepareError(
+                f"{out} holds data prepared from other inputs or options (hash {old.get('prepare_hash')}, now "
+                f"{prepare_hash}); choose another output folder or pass --overwrite"
+            )
+    elif not out.is_dir() or any(out.iterdir()):
+        raise PrepareError(f"{out} exists and is not a prepared folder (no {META}); refusing to write into it")
+    return None
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -202,7 +224,7 @@ def _documents(
     opts: PrepareOptions, expanded, stats: ReadStats, split: Optional[str] = None
 ) -> Iterator[tuple[str, str]]:
     try:
-        for doc in read_documents(expanded, opts.read, stats):
+        for doc in read_documents(expanded, opts.read, stats, opts.inputs):
             s = split_of(doc.identity, opts.val_fraction)
             if split is None or s == split:
                 yield s, doc.text
@@ -297,6 +319,8 @@ def _write(opts: PrepareOptions, expanded, folder: Path, log: Callable[[str], No
             f.close()
         if bar is not None:
             bar.close()
+    if stats.documents == 0:
+        raise PrepareError(f"nothing to prepare: {why_nothing(stats)}")
     for split in SPLITS:
         if counts[split]["documents"] == 0:
             total = stats.documents

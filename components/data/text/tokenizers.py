@@ -125,6 +125,8 @@ class HFTokenizer(TextTokenizer):
         self.eod_id = vocab[found[0]]
         self.pad_id = vocab.get(PAD_TOKEN)
         self._json = tokenizer.to_str()
+        # text that spells a special token ("<|endoftext|>" in a document) is text, not a document end
+        tokenizer.encode_special_tokens = True
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [np.asarray(e.ids, dtype=np.int64) for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
@@ -169,7 +171,7 @@ def parse_bpe_spec(spec: str) -> Optional[int]:
     if not spec.startswith("bpe:"):
         return None
     size = spec[4:]
-    if not size.isdigit() or not MIN_BPE_VOCAB <= int(size) < 2**32:
+    if not (size.isascii() and size.isdigit()) or not MIN_BPE_VOCAB <= int(size) < 2**32:
         raise TokenizerError(
             f"tokenizer '{spec}': the vocabulary size must be a whole number from {MIN_BPE_VOCAB} to 2^32-1, e.g. "
             "bpe:8192"
