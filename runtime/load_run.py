@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 import warnings
 from typing import Any, Optional
 
@@ -42,7 +43,35 @@ class RunLoadError(ValueError):
 
 
 def _typed(schema: type, node: dict) -> Any:
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), _int_keys_restored(schema, node)))
+
+
+def _int_keys_restored(schema: type, node: Any) -> Any:
+    """``node`` with the keys of ``schema``'s ``dict[int, ...]`` fields as ints again: a config that went
+    through JSON (an exported folder's config.json) has them as strings (``mixer_plan.at: {"-1": mla}``)."""
+    if not (dataclasses.is_dataclass(schema) and isinstance(node, dict)):
+        return node
+    hints = typing.get_type_hints(schema)
+    restored = dict(node)
+    for f in dataclasses.fields(schema):
+        if f.name not in restored:
+            continue
+        hint = hints[f.name]
+        if typing.get_origin(hint) is typing.Union:  # Optional[X]
+            hint = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+        value = restored[f.name]
+        if typing.get_origin(hint) is dict and typing.get_args(hint)[:1] == (int,) and isinstance(value, dict):
+            restored[f.name] = {_as_int(k): v for k, v in value.items()}
+        elif dataclasses.is_dataclass(hint):
+            restored[f.name] = _int_keys_restored(hint, value)
+    return restored
+
+
+def _as_int(key: Any) -> Any:
+    try:
+        return int(key) if isinstance(key, str) else key
+    except ValueError:
+        return key  # left for the schema to refuse, naming the key
 
 
 def config_from_container(data: dict) -> RootConfig:
