@@ -172,6 +172,7 @@ def load_exported(folder: str) -> tuple[RootConfig, Decoder]:
     """(config, model with the folder's weights) of a folder ``analysis.export`` wrote."""
     from components.hf.checkpoint import WeightsMismatch, import_weights
     from components.hf.config_json import SANDBOX_KEY, read_config
+    from components.hf.safetensors_files import CheckpointError
 
     cfg = read_config(folder)
     if SANDBOX_KEY not in cfg:
@@ -184,7 +185,7 @@ def load_exported(folder: str) -> tuple[RootConfig, Decoder]:
     model = Decoder(root.decoder_config())
     try:
         import_weights(folder, model)
-    except WeightsMismatch as err:
+    except (WeightsMismatch, CheckpointError) as err:
         raise RunLoadError(str(err)) from None
     return root, model.eval()
 

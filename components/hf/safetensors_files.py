@@ -8,6 +8,7 @@ full-size checkpoint's keys, shapes and dtypes can be checked in seconds.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from typing import Iterator, NamedTuple
@@ -44,7 +45,10 @@ class TensorInfo(NamedTuple):
 
 
 def read_header(path: str) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    """``{key: (dtype, shape)}`` of one safetensors file, from its header alone."""
+    """``{key: (dtype, shape)}`` of one safetensors file, from its header alone; the header is checked
+    against itself and the file's size (every entry an object with a known dtype, a shape and data
+    offsets that fit its size, the data exactly filling the rest of the file), so a truncated or
+    corrupt file is named here, before any tensor is read."""
     try:
         with open(path, "rb") as f:
             raw = f.read(8)
@@ -53,19 +57,51 @@ def read_header(path: str) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
             (n,) = struct.unpack("<Q", raw)
             if n > _MAX_HEADER:
                 raise CheckpointError(f"{path}: not a safetensors file (header length {n} bytes)")
-            header = json.loads(f.read(n))
+            header_bytes = f.read(n)
+            file_size = os.fstat(f.fileno()).st_size
+        if len(header_bytes) != n:
+            raise CheckpointError(f"{path}: truncated in its header ({len(header_bytes)} of {n} bytes)")
+        header = json.loads(header_bytes)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{path}: unreadable safetensors header ({err})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the safetensors header is a {type(header).__name__}, not an object")
     out = {}
+    data_end = 0
     for key, entry in header.items():
         if key == "__metadata__":
             continue
-        if entry.get("dtype") not in DTYPES:
-            raise CheckpointError(
-                f"{path}: tensor {key} has dtype {entry.get('dtype')!r}; readable: {', '.join(DTYPES)}"
-            )
-        out[key] = (DTYPES[entry["dtype"]], tuple(entry["shape"]))
+        out[key] = _header_entry(path, key, entry)
+        data_end = max(data_end, entry["data_offsets"][1])
+    if 8 + n + data_end != file_size:
+        raise CheckpointError(
+            f"{path}: the header describes {data_end:,} bytes of tensor data, the file holds "
+            f"{file_size - 8 - n:,} (truncated or corrupt: export it again)"
+        )
     return out
+
+
+def _header_entry(path: str, key: str, entry: object) -> tuple[torch.dtype, tuple[int, ...]]:
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{path}: header entry {key} is a {type(entry).__name__}, not an object")
+    if entry.get("dtype") not in DTYPES:
+        raise CheckpointError(f"{path}: tensor {key} has dtype {entry.get('dtype')!r}; readable: {', '.join(DTYPES)}")
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        raise CheckpointError(f"{path}: tensor {key} has shape {shape!r}; expected a list of sizes")
+    if (
+        not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets))
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        raise CheckpointError(f"{path}: tensor {key} has data_offsets {offsets!r}; expected [begin, end]")
+    dtype = DTYPES[entry["dtype"]]
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if offsets[1] - offsets[0] != size:
+        raise CheckpointError(
+            f"{path}: tensor {key} of shape {tuple(shape)} {entry['dtype']} needs {size:,} bytes, its offsets "
+            f"span {offsets[1] - offsets[0]:,}"
+        )
+    return dtype, tuple(shape)
 
 
 def weight_map(folder: str) -> dict[str, str]:
@@ -75,11 +111,15 @@ def weight_map(folder: str) -> dict[str, str]:
         try:
             with open(index) as f:
                 data = json.load(f)
-            return dict(data["weight_map"])
+            wmap = dict(data["weight_map"])
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise CheckpointError(
                 f"{index}: not a safetensors index ({err!r}); expected a 'weight_map' object"
             ) from None
+        bad = next((k for k, v in wmap.items() if not isinstance(v, str)), None)
+        if bad is not None:
+            raise CheckpointError(f"{index}: weight_map[{bad!r}] is {wmap[bad]!r}, not the name of a shard file")
+        return wmap
     single = os.path.join(folder, SINGLE)
     if os.path.isfile(single):
         return {key: SINGLE for key in read_header(single)}

@@ -5,6 +5,7 @@ or one unknown key fails, naming it."""
 from __future__ import annotations
 
 import json
+import math
 import struct
 import time
 
@@ -20,14 +21,21 @@ from runtime.launch import validate_overrides
 SHARDS = 4
 
 
+_BYTES = {"U8": 1, "BF16": 2, "F32": 4}
+
+
 def _write_header_only(path, entries: dict[str, tuple[str, list[int]]]) -> None:
-    """A safetensors header describing ``entries`` (no tensor data follows: the check never reads it)."""
+    """A safetensors header describing ``entries``, the data a sparse hole of the right size (the check
+    reads headers and file sizes, never tensor data, so full-size shards take no disk)."""
     header, offset = {}, 0
     for key, (dtype, shape) in entries.items():
-        header[key] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset]}
+        size = math.prod(shape) * _BYTES[dtype]
+        header[key] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
     raw = json.dumps(header).encode()
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
 
 
 def _k3_full_entries() -> dict[str, tuple[str, list[int]]]:
