@@ -300,24 +300,15 @@ def evaluate_tasks(
     """The harness's tasks on the run; returns ``{task: {metric: value}}`` and writes ``eval/harness.json``."""
     try:
         import lm_eval
-        from lm_eval.tasks import TaskManager
     except ImportError:
         raise EvaluationError("--tasks needs the lm-evaluation-harness: pip install -e '.[eval]'") from None
-    from analysis.harness import K3HarnessModel
+    from analysis.harness import HarnessArgumentError, K3HarnessModel, task_manager
 
     out_dir = results_folder(run, out)
-    if include_path is not None and not os.path.isdir(include_path):
-        raise EvaluationError(f"--include-path {include_path}: no such folder")
-    # the harness indexes its hundreds of built-in task files in about ten seconds: skipped when the
-    # include path holds every task asked for
-    manager = TaskManager(include_path=include_path, include_defaults=False) if include_path else None
-    if manager is None or any(t not in manager.all_tasks for t in tasks):
-        manager = TaskManager(include_path=include_path)
-    unknown = [t for t in tasks if t not in manager.all_tasks]
-    if unknown:
-        raise EvaluationError(
-            f"--tasks: unknown task(s) {', '.join(unknown)} (harness tasks, or task YAML files in --include-path)"
-        )
+    try:
+        manager = task_manager(tasks, include_path)
+    except HarnessArgumentError as err:
+        raise EvaluationError(str(err)) from None
     lm = K3HarnessModel(run, device=device, batch_size=batch_size)
     result = lm_eval.simple_evaluate(
         model=lm,

@@ -4,10 +4,11 @@
         [--temperature 0.8] [--top-k 50] [--top-p 0.95] [--seed 0] [--device cpu]
 
 RUN is anything ``runtime/load_run.py`` loads: a run folder, a checkpoint, or a folder ``analysis.export``
-wrote. The tokenizer is the run's: an exported folder's ``tokenizer.json``, bytes for ``data=corpus``, the
-prepared folder's ``tokenizer.json`` for ``data=code`` / ``text`` / ``memmap`` (a prepared folder) / ``mixture``. Prints the prompt and the
-continuation as it is generated, then the prefill time and the decoding speed in tokens per second.
-Exit status 2, with one message, for a run that cannot be loaded or data without a tokenizer.
+wrote. The tokenizer is the run's: an exported folder's ``tokenizer.json``, bytes for ``data=corpus``,
+the prepared folder's ``tokenizer.json`` for ``data=code`` / ``text`` / ``memmap`` (a prepared folder) /
+``mixture``. Prints the prompt and the continuation as it is generated, then the prefill time and the
+decoding speed in tokens per second. Exit status 2, with one message, for a bad option (checked before
+anything loads), a run that cannot be loaded or data without a tokenizer.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from components.data.text.tokenizers import TextTokenizer
 from components.generate import generate
+from runtime.cli import finite_float, int_at_least, reports_errors, torch_device, utf8_text
 from runtime.load_run import RunLoadError, load_run, load_tokenizer
 
 
@@ -42,22 +44,21 @@ class _Stream:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.generate", description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="a run folder, a checkpoint (file or sharded folder) or an exported folder")
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--prompt", required=True, type=utf8_text)
+    p.add_argument("--max-new-tokens", type=int_at_least(1), default=200)
+    p.add_argument("--temperature", type=finite_float(0.0), default=0.8, help="0: greedy")
+    p.add_argument("--top-k", type=int_at_least(1), default=None)
+    p.add_argument("--top-p", type=finite_float(0.0, 1.0, above=True), default=None, help="in (0, 1]")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=torch_device, default="cpu")
     args = p.parse_args(argv)
-    try:
-        root, model = load_run(args.run, device=args.device)
-        tokenizer = load_tokenizer(args.run, root)
-        if args.temperature < 0 or (args.top_p is not None and not 0 < args.top_p <= 1) or args.max_new_tokens < 1:
-            raise ValueError("--temperature must be >= 0, --top-p in (0, 1], --max-new-tokens >= 1")
-    except (RunLoadError, ValueError) as err:
-        print(f"analysis.generate: error: {err}", file=sys.stderr)
-        return 2
+    return _generate(args)
+
+
+@reports_errors("analysis.generate", RunLoadError)
+def _generate(args: argparse.Namespace) -> int:
+    root, model = load_run(args.run, device=args.device)
+    tokenizer = load_tokenizer(args.run, root)
     ids = tokenizer.encode_batch([args.prompt])[0].tolist() or [tokenizer.eod_id]
     prompt = torch.tensor([ids], dtype=torch.long, device=args.device)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     prefill = timings.get("first", end) - start
     decode_rate = (new - 1) / max(end - timings.get("first", end), 1e-9) if new > 1 else 0.0
     print(
-        f"\n\n[{prompt.shape[1]} prompt tokens, prefill {prefill * 1000:.0f} ms; {new} new tokens at {decode_rate:.1f} tokens/s "
+        f"\n\n[{prompt.shape[1]} prompt tokens, prefill {prefill * 1000:.0f} ms; {new} new tokens at "
+        f"{decode_rate:.1f} tokens/s "
         f"({root.mixer.name}, {model.num_params():,} parameters, {args.device})]"
     )
     return 0

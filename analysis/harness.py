@@ -16,6 +16,7 @@ pass sees: longer contexts keep their end. Needs the ``eval`` extra (``pip insta
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Optional
 
@@ -44,6 +45,9 @@ class K3HarnessModel(TemplateLM):
         **_: Any,
     ) -> None:
         super().__init__()
+        max_length = _positive_int_arg("max_length", max_length)
+        if not str(batch_size).startswith("auto"):
+            batch_size = _positive_int_arg("batch_size", batch_size)
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             print(
                 f"analysis.harness: device {device} is not available here; using the CPU", file=sys.stderr
@@ -57,6 +61,19 @@ class K3HarnessModel(TemplateLM):
             int(batch_size) if str(batch_size).isdigit() else 8
         )  # "auto" probing is not needed on small models
         self.max_length = int(max_length) if max_length else self.root.data.seq_len
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None) -> "K3HarnessModel":
+        """``--model_args`` with the harness's own ``--device`` / ``--batch_size`` filling only what they
+        leave out (the harness passes both always, so ``run=R,device=cpu`` would otherwise clash)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: Optional[dict] = None) -> "K3HarnessModel":
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
 
     # -- what TemplateLM needs -----------------------------------------------------------------------
     @property
@@ -135,16 +152,62 @@ class K3HarnessModel(TemplateLM):
         return text
 
 
+class HarnessArgumentError(ValueError):
+    """A harness option or ``--model_args`` entry that cannot be used; the message names it."""
+
+
+def _positive_int_arg(name: str, value: Any) -> Optional[int]:
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise HarnessArgumentError(f"--model_args {name}={value}: not a whole number") from None
+    if number < 1:
+        raise HarnessArgumentError(f"--model_args {name}={value}: must be >= 1")
+    return number
+
+
+def task_manager(tasks: list[str], include_path: Optional[str] = None):
+    """The harness's TaskManager holding every task of ``tasks``; HarnessArgumentError naming those it
+    does not know (before any model is loaded)."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None and not os.path.isdir(include_path):
+        raise HarnessArgumentError(f"--include-path {include_path}: no such folder")
+    # the harness indexes its hundreds of built-in task files in about ten seconds: skipped when the
+    # include path holds every task asked for
+    manager = TaskManager(include_path=include_path, include_defaults=False) if include_path else None
+    if manager is None or any(t not in manager.all_tasks for t in tasks):
+        manager = TaskManager(include_path=include_path)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise HarnessArgumentError(
+            f"--tasks: unknown task(s) {', '.join(unknown)} (harness tasks, or task YAML files in --include-path)"
+        )
+    return manager
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    """The harness's own command line, with ``k3`` registered."""
+    """The harness's own command line, with ``k3`` registered; tasks and model arguments are checked
+    before the run loads."""
+    import argparse
+
     from lm_eval.__main__ import cli_evaluate
 
     from runtime.load_run import RunLoadError
 
-    sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]
+    argv = sys.argv[1:] if argv is None else argv
+    known = argparse.ArgumentParser(add_help=False)
+    known.add_argument("--tasks", "-t")
+    known.add_argument("--include_path")
+    asked, _ = known.parse_known_args(argv)
     try:
+        if asked.tasks and asked.tasks not in ("list", "list_groups", "list_tags", "list_subtasks"):
+            task_manager([t for t in asked.tasks.split(",") if t], asked.include_path)
+        sys.argv = ["lm_eval", *argv]
         cli_evaluate()
-    except RunLoadError as err:  # a missing run or a checkpoint that does not load: one line, not a traceback
+    except (RunLoadError, HarnessArgumentError) as err:  # one line, not a traceback
         print(f"analysis.harness: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -125,7 +125,7 @@ def test_the_harness_command_line_finds_the_model_as_k3(trained, tmp_path):
             "--model",
             "k3",
             "--model_args",
-            f"run={trained}",
+            f"run={trained},device=cpu,batch_size=8",  # the form the module's docstring shows
             "--tasks",
             "python_idioms",
             "--include_path",

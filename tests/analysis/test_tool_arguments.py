@@ -1,0 +1,94 @@
+"""Command-line tools refuse a bad option by name before any work: one line, exit status 2, no
+traceback (the shared argument types of runtime/cli.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+
+def _refused(capsys, main, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert message in err and "Traceback" not in err, err
+    return err
+
+
+GENERATE_CASES = {
+    "temperature nan": (["--temperature", "nan"], "argument --temperature: must be a finite number, got nan"),
+    "temperature negative": (["--temperature", "-1"], "argument --temperature: must be >= 0"),
+    "top-k 0": (["--top-k", "0"], "argument --top-k: must be >= 1, got 0"),
+    "top-p 0": (["--top-p", "0"], "argument --top-p: must be > 0"),
+    "top-p above 1": (["--top-p", "1.5"], "argument --top-p: must be <= 1"),
+    "max-new-tokens 0": (["--max-new-tokens", "0"], "argument --max-new-tokens: must be >= 1"),
+    "device bogus": (["--device", "bogus"], "argument --device: 'bogus' is not a device"),
+}
+
+
+@pytest.mark.parametrize("case", GENERATE_CASES)
+def test_generate_refuses_a_bad_option_naming_it(tmp_path, capsys, case):
+    from analysis.generate import main
+
+    options, message = GENERATE_CASES[case]
+    _refused(capsys, main, [str(tmp_path / "run"), "--prompt", "x", *options], message)
+
+
+def test_generate_refuses_a_device_this_machine_lacks(tmp_path, capsys):
+    import torch
+
+    from analysis.generate import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    _refused(capsys, main, [str(tmp_path), "--prompt", "x", "--device", "cuda"], "has no CUDA device")
+
+
+def test_generate_refuses_a_prompt_that_is_not_utf8(tmp_path):
+    argv = [os.fsencode(sys.executable), b"-m", b"analysis.generate", os.fsencode(tmp_path), b"--prompt", b"caf\xe9"]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, timeout=120)
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 2 and "argument --prompt: is not valid UTF-8 text" in err and "Traceback" not in err
+
+
+HARNESS_TASKS = REPO / "tests" / "harness_tasks"
+
+
+def _harness(tmp_path, *argv) -> tuple[int, str]:
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis.harness", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc.returncode, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "model_args, message",
+    [
+        ("max_length=abc", "--model_args max_length=abc: not a whole number"),
+        ("max_length=0", "--model_args max_length=0: must be >= 1"),
+        ("batch_size=x", "--model_args batch_size=x: not a whole number"),
+    ],
+)
+def test_harness_refuses_a_bad_model_argument_naming_it(tmp_path, model_args, message):
+    argv = ["--model", "k3", "--model_args", f"run={tmp_path},{model_args}", "--tasks", "python_idioms"]
+    rc, err = _harness(tmp_path, *argv, "--include_path", str(HARNESS_TASKS))
+    assert rc == 2 and f"analysis.harness: error: {message}" in err and "Traceback" not in err, err
+
+
+@pytest.mark.slow  # naming a task unknown means indexing all the harness's built-in tasks (about ten seconds)
+def test_harness_refuses_an_unknown_task_before_loading_the_run(tmp_path):
+    argv = ["--model", "k3", "--model_args", f"run={tmp_path / 'missing'}", "--tasks", "python_idioms,no_such"]
+    rc, err = _harness(tmp_path, *argv, "--include_path", str(HARNESS_TASKS))
+    assert rc == 2 and "--tasks: unknown task(s) no_such" in err and "Traceback" not in err, err
