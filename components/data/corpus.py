@@ -13,7 +13,6 @@ import gzip
 import hashlib
 import json
 import lzma
-import math
 import os
 import sys
 import sysconfig
@@ -22,8 +21,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+import torch
 
 from components.data.base import DatasetConfig, TokenStreamDataset
+from components.data.metrics import BITS_PER_BYTE, ByteAccounting
+from components.data.text.tokenizers import ByteTokenizer, TextTokenizer
 from components.registry import DATASETS, ConfigError
 
 SEPARATOR = 256
@@ -49,6 +51,9 @@ class CorpusConfig(DatasetConfig):
     cache_dir: Optional[str] = None
     # attention and recurrent state stop at file boundaries (the separator starts each file)
     document_masking: bool = False
+
+    def text_tokenizer(self) -> TextTokenizer:
+        return ByteTokenizer()  # bytes plus the file separator 256
 
     def validate(self, model: Any, key: str) -> None:
         if self.seq_len < 2:
@@ -143,7 +148,7 @@ def compressed_bits_per_byte(data: bytes) -> dict[str, float]:
 class StdlibCorpus(TokenStreamDataset):
     """Python standard-library sources, byte-level (default corpus, no download)."""
 
-    metric = "bpb"
+    metrics = BITS_PER_BYTE
 
     def __init__(self, cfg: CorpusConfig, seed: int):
         self.cfg = cfg
@@ -153,6 +158,9 @@ class StdlibCorpus(TokenStreamDataset):
         self.batch_size = cfg.batch_size
         self.eod_id = SEPARATOR
         self.document_masking = cfg.document_masking
+        # bits per byte over byte targets (the separator is predicted and trained on, but is not a byte)
+        is_byte = torch.arange(cfg.vocab_size) < NUM_BYTE_TOKENS  # [vocab]
+        self.byte_accounting = ByteAccounting(is_byte.double(), counted=is_byte)
         self.folder = build_corpus_cache(cfg.val_percent, cfg.cache_dir)
         self.train = np.memmap(self.folder / "train.bin", dtype=np.uint16, mode="r")
         self.val = np.memmap(self.folder / "val.bin", dtype=np.uint16, mode="r")
@@ -162,19 +170,6 @@ class StdlibCorpus(TokenStreamDataset):
         self.num_val_windows = n_val
         if len(self.train) <= cfg.seq_len + 1 or n_val < 1:
             raise ValueError(f"corpus in {self.folder} is too small for seq_len={cfg.seq_len}")
-
-    # bits per byte over byte targets (the separator is predicted and trained on, but is not a byte)
-    def metric_sums(self, logits, targets, token_loss, index=0):
-        sums = super().metric_sums(logits, targets, token_loss, index)
-        is_byte = (targets >= 0) & (targets < NUM_BYTE_TOKENS)  # -100: not scored
-        sums["byte_loss_sum"] = (token_loss * is_byte).sum()
-        sums["bytes"] = is_byte.sum()
-        return sums
-
-    def finish_metrics(self, sums):
-        out = super().finish_metrics(sums)
-        out["bpb"] = sums["byte_loss_sum"] / max(sums["bytes"], 1) / math.log(2)
-        return out
 
     def validation_bytes(self) -> bytes:
         """The bytes whose prediction validation scores: the targets of every validation window."""
