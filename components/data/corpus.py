@@ -9,13 +9,9 @@ first use (written to a temporary name, then renamed, so a crash never leaves a 
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
-import lzma
-import os
 import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -24,7 +20,10 @@ import numpy as np
 import torch
 
 from components.data.base import DatasetConfig, TokenStreamDataset
+from components.data.cache_folder import default_cache_dir, write_atomic
+from components.data.compressor_baselines import compressed_bits_per_byte
 from components.data.metrics import BITS_PER_BYTE, ByteAccounting
+from components.data.stdlib_sources import is_validation, stdlib_fingerprint, stdlib_root, stdlib_sources
 from components.data.text.tokenizers import ByteTokenizer, TextTokenizer
 from components.registry import DATASETS, ConfigError
 
@@ -68,45 +67,6 @@ class CorpusConfig(DatasetConfig):
             raise ConfigError(f"{key}.val_tokens", f"must be at least seq_len={self.seq_len}, got {self.val_tokens}")
 
 
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def stdlib_sources(root: Path) -> list[str]:
-    """Relative paths of the standard library's ``.py`` files, sorted."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
-        for f in filenames:
-            if f.endswith(".py"):
-                found.append(os.path.relpath(os.path.join(dirpath, f), root))
-    return sorted(found)
-
-
-def stdlib_fingerprint(root: Path, files: list[str]) -> list:
-    """What identifies this Python's standard-library sources without reading them: the interpreter
-    version, the folder, and every file's relative path and size."""
-    return [sys.version, str(root), [(f, os.path.getsize(root / f)) for f in files]]
-
-
-def is_validation(relpath: str, val_percent: float) -> bool:
-    h = int.from_bytes(hashlib.sha256(relpath.encode()).digest()[:8], "big")
-    return (h % 10_000) < val_percent * 100
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("K3_CACHE_DIR") or Path.home() / ".cache" / "k3-sandbox")
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def build_corpus_cache(val_percent: float, cache_dir: Optional[str] = None) -> Path:
     """Tokenise the standard library into ``train.bin`` / ``val.bin`` (uint16); returns the folder."""
     root = stdlib_root()
@@ -129,19 +89,10 @@ def build_corpus_cache(val_percent: float, cache_dir: Optional[str] = None) -> P
         streams[split].append(np.frombuffer(data, dtype=np.uint8).astype(np.uint16).tobytes() + sep)
         counts[split] += 1
     for split, parts in streams.items():
-        _write_atomic(folder / f"{split}.bin", b"".join(parts))
+        write_atomic(folder / f"{split}.bin", b"".join(parts))
     meta = {"python": sys.version, "files": counts, "val_percent": val_percent}
-    _write_atomic(folder / "meta.json", json.dumps(meta, indent=1).encode())  # written last: marks the cache complete
+    write_atomic(folder / "meta.json", json.dumps(meta, indent=1).encode())  # written last: marks the cache complete
     return folder
-
-
-def compressed_bits_per_byte(data: bytes) -> dict[str, float]:
-    """Bits per byte of ``gzip -9`` and ``xz -9e`` on ``data`` (same formats as the command-line tools)."""
-    n = max(len(data), 1)
-    return {
-        "gzip-9": 8 * len(gzip.compress(data, compresslevel=9, mtime=0)) / n,
-        "xz-9e": 8 * len(lzma.compress(data, format=lzma.FORMAT_XZ, preset=9 | lzma.PRESET_EXTREME)) / n,
-    }
 
 
 @DATASETS.register("corpus", CorpusConfig)
@@ -181,7 +132,7 @@ class StdlibCorpus(TokenStreamDataset):
         if path.exists():
             return json.loads(path.read_text())
         result = compressed_bits_per_byte(self.validation_bytes())
-        _write_atomic(path, json.dumps(result).encode())
+        write_atomic(path, json.dumps(result).encode())
         return result
 
     def describe(self) -> str:

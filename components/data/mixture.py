@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from components.data.base import DatasetConfig, TokenDataset, batch_generator, prepared_tokenizer
-from components.data.corpus import compressed_bits_per_byte
+from components.data.compressor_baselines import compressed_bits_per_byte
 from components.data.metrics import BITS_PER_BYTE
 from components.data.text.prepared import PreparedFolder, PreparedFolderError, is_prepared
 from components.data.text.stream import PreparedStream

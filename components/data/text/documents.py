@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
-from components.data.corpus import is_validation, stdlib_fingerprint, stdlib_root, stdlib_sources
+from components.data.stdlib_sources import is_validation, stdlib_fingerprint, stdlib_root, stdlib_sources
 
 EMBEDDED = ("stdlib:code", "stdlib:docs")
 FORMATS = ("auto", "text", "jsonl", "parquet")

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from components.data.base import TokenStreamDataset
-from components.data.corpus import compressed_bits_per_byte
+from components.data.compressor_baselines import compressed_bits_per_byte
 from components.data.metrics import BITS_PER_BYTE, ByteAccounting
 from components.data.text.prepared import PreparedFolder, bytes_per_token
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from components.data.base import DatasetConfig, NoTextTokenizer, prepared_tokenizer
-from components.data.corpus import default_cache_dir
+from components.data.cache_folder import default_cache_dir
 from components.data.text.documents import InputError, ReadOptions, expand_input
 from components.data.text.pipeline import PrepareOptions, prepare
 from components.data.text.prepared import PreparedFolder, is_prepared
