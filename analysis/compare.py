@@ -9,8 +9,9 @@ online W&B runs: ``wandb:ENTITY/PROJECT`` or ``wandb:ENTITY/PROJECT/GROUP`` (ana
 
 Writes into ``--out``:
 * ``table.md`` / ``table.csv``: per run its varied options, steps, final and best validation loss and
-  metric (bits per byte or accuracy), tokens/s (median of the logged steps, so compilation is not counted)
-  and parameter counts. With a ``seed`` among the varied
+  primary metric (the one the run's data recorded in its summary, e.g. bits per byte or accuracy),
+  tokens/s (median of the logged steps, so compilation is not counted) and parameter counts. With a
+  ``seed`` among the varied
   options, a second table aggregates the seeds of each point: mean and standard deviation of the final
   validation loss, and marks ("~") points whose difference from the best point is within the seed spread.
 * ``loss.png``: training loss (lines) and validation loss (markers) against step, one colour per run,
@@ -39,6 +40,7 @@ from typing import Any, Optional
 
 from analysis import recall
 from analysis.plotting import pyplot
+from components.data.metrics import LOSS, MetricContract
 from runtime.jsonl_logger import read_metrics
 from runtime.sweep_job import INDEX_FILE, read_index
 
@@ -52,8 +54,9 @@ class Run:
     metrics: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def metric(self) -> str:
-        return "accuracy" if "accuracy" in self.summary.get("val", {}) else "bpb"
+    def contract(self) -> MetricContract:
+        """The data's metric contract the run recorded (its primary metric, whether higher is better)."""
+        return MetricContract.from_record(self.summary.get("metric"))
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         rows = [(r["step"], r[key]) for r in self.metrics if key in r]
@@ -70,13 +73,13 @@ class Run:
         _, values = self.series("perf/tokens_per_s")
         return statistics.median(values) if values else self.summary.get("tokens_per_s")
 
-    def final_and_best(self, key: str, higher_is_better: bool = False) -> tuple[Optional[float], Optional[float]]:
+    def final_and_best(self, key: str, contract: MetricContract = LOSS) -> tuple[Optional[float], Optional[float]]:
         _, values = self.series(f"val/{key}")
         final = self.summary.get("val", {}).get(key)
         if final is None and values:
             final = values[-1]
         pool = values + ([final] if final is not None else [])
-        best = (max(pool) if higher_is_better else min(pool)) if pool else None
+        best = contract.best(pool)
         return final, best
 
 
@@ -190,16 +193,15 @@ def _round(v: Any) -> Any:
 # -- tables ------------------------------------------------------------------------------------------------
 def table_rows(runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
     varied_keys = list(dict.fromkeys(k for r in runs for k in r.varied))
-    metric = runs[0].metric
-    higher = metric == "accuracy"
+    contract = runs[0].contract
+    metric = [] if contract.primary == "loss" else [contract.primary]  # the loss has its own columns
     header = [
         "run",
         *varied_keys,
         "steps",
         "val loss (final)",
         "val loss (best)",
-        f"val {metric} (final)",
-        f"val {metric} (best)",
+        *[f"val {m} ({which})" for m in metric for which in ("final", "best")],
         "tokens/s",
         "params",
         "active params",
@@ -207,7 +209,6 @@ def table_rows(runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
     rows = []
     for r in runs:
         loss_final, loss_best = r.final_and_best("loss")
-        m_final, m_best = r.final_and_best(metric, higher_is_better=higher)
         rows.append(
             [
                 r.summary.get("name") or (r.run_dir.name if r.run_dir else ""),
@@ -215,8 +216,7 @@ def table_rows(runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
                 r.summary.get("steps"),
                 loss_final,
                 loss_best,
-                m_final,
-                m_best,
+                *[v for m in metric for v in r.final_and_best(m, contract)],
                 _round(r.tokens_per_s()),
                 r.summary.get("params"),
                 r.summary.get("active_params"),

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 
-from components.data.base import IGNORE_INDEX
+from components.data.base import NoValidationStream, TokenDataset
+from components.objective import IGNORE_INDEX, document_segments, token_losses
 
 RESULTS_FILE = "lengths.json"
 HARNESS_FILE = "harness.json"
@@ -105,11 +105,10 @@ def positions_in_context(x: torch.Tensor, eod_id: Optional[int]) -> torch.Tensor
 
 @torch.no_grad()
 def evaluate_length(
-    model: Any, dataset: Any, length: int, tokens: int, batch_tokens: int, device: str
+    model: Any, dataset: TokenDataset, val: Any, length: int, tokens: int, batch_tokens: int, device: str
 ) -> dict[str, Any]:
-    """Loss (and the dataset's metric, e.g. bpb) at ``length`` over consecutive validation windows, overall
-    and per position bucket."""
-    val = dataset.val
+    """Loss (and the dataset's metrics, e.g. bpb) at ``length`` over consecutive windows of the validation
+    stream ``val [N]``, overall and per position bucket."""
     windows = min(max(1, tokens // length), (len(val) - 1) // length)
     masking = dataset.eod_id if dataset.document_masking else None
     buckets = position_buckets(dataset.seq_len, length)
@@ -121,15 +120,9 @@ def evaluate_length(
             device
         )  # [B, L+1]
         x, y = chunk[:, :-1], chunk[:, 1:]
-        segments = None
-        if masking is not None:
-            from components.nn.segments import Segments
-
-            segments = Segments.from_eod(x, masking)
+        segments = document_segments(x, dataset.eod_id, dataset.document_masking)
         logits = model(x, segments=segments).float()  # [B, L, V]
-        token_loss = F.cross_entropy(
-            logits.flatten(0, 1), y.flatten(), reduction="none", ignore_index=IGNORE_INDEX
-        ).view_as(y)
+        token_loss = token_losses(logits, y)  # [B, L]
         position = positions_in_context(x, masking)
         for i, (a, b) in enumerate([*buckets, (0, length)]):
             scored = torch.where((position >= a) & (position < b), y, torch.full_like(y, IGNORE_INDEX))
@@ -228,23 +221,22 @@ def evaluate_lengths(
         dataset = DATASETS.build(root.data, root.seed)
     except (ValueError, OSError) as err:
         raise EvaluationError(f"the run's data ({root.data.name}) does not load here: {err}") from None
-    if not hasattr(dataset, "val"):
-        raise EvaluationError(
-            f"the run's data ({root.data.name}) has no validation token stream to cut longer windows from"
-            + (" (MQAR: list longer settings in data.test_segments instead)" if root.data.name == "mqar" else "")
-        )
+    try:
+        val = dataset.validation_stream()  # [N]
+    except NoValidationStream as err:
+        raise EvaluationError(f"the run's data ({root.data.name}) {err}") from None
     lengths = parse_lengths(spec, dataset.seq_len)
     for length in lengths:
         check_mixers(model, length)
-        if length + 1 > len(dataset.val):
+        if length + 1 > len(val):
             raise EvaluationError(
-                f"--lengths: {length} tokens is longer than the validation split ({len(dataset.val):,} tokens)"
+                f"--lengths: {length} tokens is longer than the validation split ({len(val):,} tokens)"
             )
     results = []
     for length in lengths:
-        r = evaluate_length(model, dataset, length, tokens, batch_tokens, device)
+        r = evaluate_length(model, dataset, val, length, tokens, batch_tokens, device)
         results.append(r)
-        metric = dataset.metric if dataset.metric in r else "loss"
+        metric = dataset.metrics.primary if dataset.metrics.primary in r else "loss"
         print(
             f"{length:>7} tokens ({r['multiple']:g}x): loss {r['loss']:.4f}"
             + (f", {metric} {r[metric]:.4f}" if metric != "loss" else "")

@@ -12,6 +12,8 @@ from typing import Sequence
 
 import torch
 
+from components.objective import token_losses
+
 
 def _truncate(context: list[int], continuation: list[int], max_length: int) -> tuple[list[int], list[int]]:
     """Keep the last ``max_length + 1`` tokens of context + continuation (the continuation is scored in
@@ -42,14 +44,14 @@ def continuation_logprobs(
         ids = torch.zeros(len(items), width, dtype=torch.long)  # [B, T] right-padded
         for row, x in enumerate(inputs):
             ids[row, : len(x)] = torch.tensor(x)
-        logprobs = model(ids.to(device)).float().log_softmax(-1).cpu()  # [B, T, V]
+        logits = model(ids.to(device)).float().cpu()  # [B, T, V]
         for row, (i, (context, continuation)) in enumerate(zip(chunk, items)):
             if not continuation:
                 continue
             start = len(context) - 1  # the position whose output predicts the first continuation token
             target = torch.tensor(continuation)
-            scores = logprobs[row, start : start + len(continuation)]  # [n, V]
-            total = float(scores.gather(1, target[:, None]).sum())
+            scores = logits[row, start : start + len(continuation)]  # [n, V]
+            total = -float(token_losses(scores, target).sum())
             greedy = bool((scores.argmax(-1) == target).all())
             out[i] = (total, greedy)
     return out
@@ -65,6 +67,6 @@ def rolling_logprob(
     for start in range(0, len(tokens), max_length):
         predicted = tokens[start : start + max_length]
         inputs = [tokens[start - 1] if start else prefix_id] + predicted[:-1]
-        logprobs = model(torch.tensor([inputs], device=device)).float().log_softmax(-1)[0].cpu()  # [T, V]
-        total += float(logprobs.gather(1, torch.tensor(predicted)[:, None]).sum())
+        logits = model(torch.tensor([inputs], device=device)).float()[0].cpu()  # [T, V]
+        total -= float(token_losses(logits, torch.tensor(predicted)).sum())
     return total

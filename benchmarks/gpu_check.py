@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # also runnable as
 
 from benchmarks.timing import medians, time_interleaved
 from benchmarks.train_step import train_setup
+from components.objective import cross_entropy
 from runtime.launch import validate_overrides
 
 GOAL_MOE_VS_DENSE = 1.3
@@ -650,7 +651,7 @@ def check_fsdp2(overrides: Sequence[str], B: int, T: int, tol: float) -> Callabl
                 first = step(ids)  # forward/backward/step
                 with torch.no_grad(), torch.autocast(ctx.device.type, dtype=torch.bfloat16):
                     logits = model(ids[:, :-1])  # [B, T, vocab], after the step
-                after = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+                after = cross_entropy(logits, ids[:, 1:], reduction="mean")
                 losses[name] = torch.stack([first.float(), after.float()])  # [2]
                 del model, step
             row.max_abs, row.rel, _ = compare({"loss": losses["fsdp2"]}, {"loss": losses["plain"]})

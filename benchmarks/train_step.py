@@ -23,9 +23,8 @@ def train_setup(
     trainer's training step). ``prepare(model)`` runs before the
     optimizer is built (sharding). ``compile``: off, model (one graph) or layers (per decoder layer), as
     runtime/compile.py compiles for the trainer."""
-    import torch.nn.functional as F
-
     from components.model import Decoder
+    from components.objective import cross_entropy
     from components.registry import BALANCERS, OPTIMIZERS
 
     torch.manual_seed(0)
@@ -43,7 +42,7 @@ def train_setup(
             h = hidden(x)  # [B, T, d]
             logits = model.lm_head(h)  # [B, T, vocab]
             mtp = model.mtp_losses(h, x, y)  # [(summed cross-entropy, tokens)] per MTP depth
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        loss = cross_entropy(logits, y, reduction="mean")
         total = loss
         if mtp:
             total = total + root.model.mtp_weight * torch.stack([s / n for s, n in mtp]).mean()

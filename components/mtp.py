@@ -27,15 +27,13 @@ import dataclasses
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from components.layer_plan import LayerSpec
 from components.nn.rmsnorm import RMSNorm
 from components.nn.segments import Segments
+from components.objective import scored_loss_sum
 from components.registry import FFNS, MIXERS
-
-IGNORE_INDEX = -100
 
 
 class MTPDepth(nn.Module):
@@ -91,8 +89,5 @@ def mtp_losses(
             break
         ahead = None if segments is None else Segments(segments.ids[:, k:])
         h = depth(h[:, : T - k], embed(input_ids[:, k:]), ahead)  # position i sees x_{i+k}: [B, T-k, d]
-        y = targets[:, k:]  # x_{i+k+1}
-        mask = y != IGNORE_INDEX
-        logits = head(final_norm(h)[mask])  # [N, vocab]
-        out.append((F.cross_entropy(logits.float(), y[mask], reduction="sum"), mask.sum()))
+        out.append(scored_loss_sum(head, final_norm(h), targets[:, k:]))  # targets x_{i+k+1}
     return out

@@ -14,14 +14,14 @@ from typing import Any, Optional
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 
 from components.balancers.load_stats import bias_rank_divergence, find_routers
-from components.data.base import IGNORE_INDEX, TokenDataset
+from components.data.base import TokenDataset
 from components.distributed import world_size
 from components.model import Decoder
 from components.nn.segments import Segments
+from components.objective import document_segments, scored_loss_sum, token_losses
 from components.optim.schedule import lr_lambda
 from components.registry import BALANCERS, OPTIMIZERS
 from runtime.compile import compile_mode, compiled_hidden
@@ -95,15 +95,9 @@ class LanguageModelModule(L.LightningModule):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)
 
-    def _token_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        # cross-entropy in fp32 whatever the activation dtype
-        return F.cross_entropy(
-            logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
-        ).view_as(targets)
-
     def _segments(self, x: torch.Tensor) -> Optional[Segments]:
         """With ``data.document_masking``: the batch's documents (the end-of-document token begins the next)."""
-        return Segments.from_eod(x, self.dataset.eod_id) if self.dataset.document_masking else None
+        return document_segments(x, self.dataset.eod_id, self.dataset.document_masking)
 
     def _hidden_states(self, x: torch.Tensor, segments: Optional[Segments] = None) -> torch.Tensor:
         """Final hidden states ``[B, T, d]``; with document ``segments`` each token sees only its own document."""
@@ -113,11 +107,8 @@ class LanguageModelModule(L.LightningModule):
         x, y = batch
         segments = self._segments(x)
         h = self._hidden_states(x, segments)  # [B, T, d]
-        mask = y != IGNORE_INDEX
-        # project only the scored positions: on sparse tasks (MQAR) the output layer is most of the work
-        logits = self.model.lm_head(h[mask])  # [N, vocab]
-        loss_sum = F.cross_entropy(logits.float(), y[mask], reduction="sum")
-        loss_for_grad, loss = global_token_mean(loss_sum, mask.sum())  # the whole data-parallel micro-batch
+        loss_sum, tokens = scored_loss_sum(self.model.lm_head, h, y)
+        loss_for_grad, loss = global_token_mean(loss_sum, tokens)  # the whole data-parallel micro-batch
         finite = torch.isfinite(loss)
         self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
         total = loss_for_grad
@@ -232,7 +223,7 @@ class LanguageModelModule(L.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         logits = self.model.lm_head(self._hidden_states(x, self._segments(x)))
-        token_loss = self._token_loss(logits, y)
+        token_loss = token_losses(logits, y)  # [B, T]
         for k, v in self.dataset.metric_sums(logits, y, token_loss, batch_idx).items():
             v = v.detach().double()
             self._val_sums[k] = self._val_sums[k] + v if k in self._val_sums else v
@@ -251,7 +242,7 @@ class LanguageModelModule(L.LightningModule):
                 v,
                 on_step=False,
                 on_epoch=True,
-                prog_bar=k in ("loss", self.dataset.metric),
+                prog_bar=k in ("loss", self.dataset.metrics.primary),
                 sync_dist=False,
                 rank_zero_only=True,
             )

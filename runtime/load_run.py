@@ -196,39 +196,18 @@ class NoTokenizerError(RunLoadError):
 
 def load_tokenizer(path: str, root: RootConfig) -> TextTokenizer:
     """The tokenizer of the run ``path`` names (``root`` is its config): the one an exported folder
-    records (its ``tokenizer.json``, or bytes), bytes for ``data=corpus``, else the run's prepared data
-    folder's tokenizer."""
+    records (its ``tokenizer.json``, or bytes), else the one the run's data says it is tokenized with."""
     from pathlib import Path
 
-    from components.data.text.prepared import PreparedFolder, PreparedFolderError, is_prepared
-    from components.data.text.tokenizers import ByteTokenizer, TokenizerError, load_prepared_tokenizer
+    from components.data.base import NoTextTokenizer
+    from components.data.text.tokenizers import TokenizerError, load_prepared_tokenizer
     from components.hf.checkpoint import is_checkpoint_folder
     from components.hf.config_json import TOKENIZER_KEY, read_config
 
     described = read_config(path).get(TOKENIZER_KEY) if is_checkpoint_folder(path) else None
-    if described:  # an exported folder: its own tokenizer, checked against the hash export recorded
-        try:
-            return load_prepared_tokenizer(Path(path), described)
-        except TokenizerError as err:
-            raise NoTokenizerError(str(err)) from None
-    data = root.data
-    if data.name == "corpus":
-        return ByteTokenizer()  # bytes plus the file separator 256, as the byte corpus
-    if data.name in ("text", "code"):
-        folder = data.folder()
-        if not is_prepared(folder):
-            raise NoTokenizerError(
-                f"the run's data ({data.name}) is not prepared on this machine ({folder}); train or prepare it here first"
-            )
-    elif data.name == "memmap" and is_prepared(data.path):
-        folder = data.path
-    elif data.name == "mixture":
-        folder = next(iter(data.sources.values()))["path"]
-    else:
-        raise NoTokenizerError(
-            f"the run's data ({data.name}) has no tokenizer (bare token files or synthetic data): nothing turns text into its tokens"
-        )
     try:
-        return PreparedFolder.open(folder).tokenizer
-    except PreparedFolderError as err:
+        if described:  # an exported folder: its own tokenizer, checked against the hash export recorded
+            return load_prepared_tokenizer(Path(path), described)
+        return root.data.text_tokenizer()
+    except (TokenizerError, NoTextTokenizer) as err:
         raise NoTokenizerError(str(err)) from None

@@ -17,6 +17,7 @@ WANDB_SUMMARY_FIELDS = (
     "active_params",
     "d_model",
     "decode_state_numbers",
+    "metric",
 )
 
 

@@ -235,6 +235,7 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
             "d_model": root.model.d_model,
             "decode_state_numbers": model.decode_state_numbers(),  # analysis.compare's state-size axis
             "val": dict(module.last_val_metrics),
+            "metric": dataset.metrics.record(),  # which of them is primary, and whether higher is better
             "baselines": dataset.baselines(),
         }
         if wandb_logger is not None and trainer.is_global_zero and not wandb_logger.broken:
@@ -257,7 +258,7 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
 
     if trainer.is_global_zero:
         _write_json(os.path.join(run_dir, "summary.json"), summary)
-        print(format_summary(summary, dataset.metric))
+        print(format_summary(summary))
     return summary
 
 
@@ -269,8 +270,9 @@ def steps_note(s: dict[str, Any]) -> str:
     return f" of {planned} planned (stopped early by the time guard trainer.max_time_minutes: not the planned run's result)"
 
 
-def format_summary(s: dict[str, Any], metric: str) -> str:
+def format_summary(s: dict[str, Any]) -> str:
     val = s["val"]
+    metric = s["metric"]["primary"]
     lines = [
         "",
         f"== {s['name']} ==",

@@ -9,14 +9,25 @@ so any number of ranks sees the same global batch, and a resumed run continues a
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import numpy as np
 import torch
 
 from components.config import ComponentConfig
+from components.data.metrics import LOSS, ByteAccounting, MetricContract
+from components.objective import IGNORE_INDEX
 
-IGNORE_INDEX = -100
+if TYPE_CHECKING:
+    from components.data.text.tokenizers import TextTokenizer
+
+
+class NoTextTokenizer(ValueError):
+    """The data has no tokenizer turning text into its tokens; the message says why."""
+
+
+class NoValidationStream(ValueError):
+    """The data has no flat validation token stream; the message says why (and what to use instead)."""
 
 
 def batch_generator(seed: int, index: int, stream: int = 0) -> torch.Generator:
@@ -40,6 +51,24 @@ class DatasetConfig(ComponentConfig):
         composed config ``node`` before it is resolved, so ``model.vocab_size`` follows them; raise
         ``ConfigError`` when a set field contradicts the files. Called once per run, before validation."""
 
+    def text_tokenizer(self) -> "TextTokenizer":
+        """How this data's text is tokenized and detokenized (generation, export, harness tasks); raises
+        ``NoTextTokenizer`` saying why when nothing turns text into its tokens."""
+        raise NoTextTokenizer(
+            f"the run's data ({self.name}) has no tokenizer (bare token files or synthetic data): "
+            "nothing turns text into its tokens"
+        )
+
+
+def prepared_tokenizer(folder: Any) -> "TextTokenizer":
+    """The tokenizer a prepared folder (``prepare.py``) records; ``NoTextTokenizer`` when it does not open."""
+    from components.data.text.prepared import PreparedFolder, PreparedFolderError
+
+    try:
+        return PreparedFolder.open(folder).tokenizer
+    except PreparedFolderError as err:
+        raise NoTextTokenizer(str(err)) from None
+
 
 class TokenDataset:
     """Base class: subclasses set ``vocab_size`` and implement ``train_batch`` and ``val_batches``."""
@@ -47,8 +76,10 @@ class TokenDataset:
     vocab_size: int
     seq_len: int
     batch_size: int
-    # name of the task metric reported at validation besides the loss
-    metric: str = "loss"
+    # which metrics validation reports, the primary one, and whether higher is better
+    metrics: MetricContract = LOSS
+    # bytes per token id for bits per byte (None: the data scores no bits per byte)
+    byte_accounting: Optional[ByteAccounting] = None
     # the end-of-document token (None: the data has no document boundaries)
     eod_id: Optional[int] = None
     # the model masks attention and restarts recurrent state at each document start (``eod_id`` begins one)
@@ -67,17 +98,28 @@ class TokenDataset:
         for i in range(self.num_val_batches()):
             yield self.val_batch(i)
 
+    def validation_stream(self) -> np.ndarray:
+        """The flat validation token stream ``[N]`` that longer windows are cut from (``analysis.evaluate
+        --lengths``); raises ``NoValidationStream`` saying why when the data has none."""
+        raise NoValidationStream("has no validation token stream to cut longer windows from")
+
     # Sums that validation accumulates over batches (and ranks) before ``finish_metrics``; ``index`` is the
     # validation batch's number. Every batch returns the same keys.
     def metric_sums(
         self, logits: torch.Tensor, targets: torch.Tensor, token_loss: torch.Tensor, index: int = 0
     ) -> dict[str, torch.Tensor]:
         mask = targets != IGNORE_INDEX
-        return {"loss_sum": (token_loss * mask).sum(), "tokens": mask.sum()}
+        sums = {"loss_sum": (token_loss * mask).sum(), "tokens": mask.sum()}
+        if self.byte_accounting is not None:
+            sums.update(self.byte_accounting.sums(targets, token_loss))
+        return sums
 
     def finish_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         loss = sums["loss_sum"] / max(sums["tokens"], 1)
-        return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
+        out = {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
+        if self.byte_accounting is not None:
+            out["bpb"] = self.byte_accounting.finish(sums)
+        return out
 
     def describe(self) -> str:
         return type(self).__name__
@@ -105,6 +147,9 @@ class TokenStreamDataset(TokenDataset):
         )  # [B, T+1]
         self.check_tokens(rows)
         return rows[:, :-1], rows[:, 1:]
+
+    def validation_stream(self) -> np.ndarray:
+        return self.val
 
     def check_tokens(self, rows: torch.Tensor) -> None:
         """Hook for datasets whose files may hold ids outside the vocabulary."""

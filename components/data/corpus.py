@@ -9,21 +9,22 @@ first use (written to a temporary name, then renamed, so a crash never leaves a 
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
-import lzma
-import math
-import os
 import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+import torch
 
 from components.data.base import DatasetConfig, TokenStreamDataset
+from components.data.cache_folder import default_cache_dir, write_atomic
+from components.data.compressor_baselines import compressed_bits_per_byte
+from components.data.metrics import BITS_PER_BYTE, ByteAccounting
+from components.data.stdlib_sources import is_validation, stdlib_fingerprint, stdlib_root, stdlib_sources
+from components.data.text.tokenizers import ByteTokenizer, TextTokenizer
 from components.registry import DATASETS, ConfigError
 
 SEPARATOR = 256
@@ -50,6 +51,9 @@ class CorpusConfig(DatasetConfig):
     # attention and recurrent state stop at file boundaries (the separator starts each file)
     document_masking: bool = False
 
+    def text_tokenizer(self) -> TextTokenizer:
+        return ByteTokenizer()  # bytes plus the file separator 256
+
     def validate(self, model: Any, key: str) -> None:
         if self.seq_len < 2:
             raise ConfigError(f"{key}.seq_len", f"must be at least 2, got {self.seq_len}")
@@ -61,45 +65,6 @@ class CorpusConfig(DatasetConfig):
             raise ConfigError(f"{key}.vocab_size", f"byte tokens need at least 257 entries, got {self.vocab_size}")
         if self.val_tokens is not None and self.val_tokens < self.seq_len:
             raise ConfigError(f"{key}.val_tokens", f"must be at least seq_len={self.seq_len}, got {self.val_tokens}")
-
-
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def stdlib_sources(root: Path) -> list[str]:
-    """Relative paths of the standard library's ``.py`` files, sorted."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
-        for f in filenames:
-            if f.endswith(".py"):
-                found.append(os.path.relpath(os.path.join(dirpath, f), root))
-    return sorted(found)
-
-
-def stdlib_fingerprint(root: Path, files: list[str]) -> list:
-    """What identifies this Python's standard-library sources without reading them: the interpreter
-    version, the folder, and every file's relative path and size."""
-    return [sys.version, str(root), [(f, os.path.getsize(root / f)) for f in files]]
-
-
-def is_validation(relpath: str, val_percent: float) -> bool:
-    h = int.from_bytes(hashlib.sha256(relpath.encode()).digest()[:8], "big")
-    return (h % 10_000) < val_percent * 100
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("K3_CACHE_DIR") or Path.home() / ".cache" / "k3-sandbox")
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def build_corpus_cache(val_percent: float, cache_dir: Optional[str] = None) -> Path:
@@ -124,26 +89,17 @@ def build_corpus_cache(val_percent: float, cache_dir: Optional[str] = None) -> P
         streams[split].append(np.frombuffer(data, dtype=np.uint8).astype(np.uint16).tobytes() + sep)
         counts[split] += 1
     for split, parts in streams.items():
-        _write_atomic(folder / f"{split}.bin", b"".join(parts))
+        write_atomic(folder / f"{split}.bin", b"".join(parts))
     meta = {"python": sys.version, "files": counts, "val_percent": val_percent}
-    _write_atomic(folder / "meta.json", json.dumps(meta, indent=1).encode())  # written last: marks the cache complete
+    write_atomic(folder / "meta.json", json.dumps(meta, indent=1).encode())  # written last: marks the cache complete
     return folder
-
-
-def compressed_bits_per_byte(data: bytes) -> dict[str, float]:
-    """Bits per byte of ``gzip -9`` and ``xz -9e`` on ``data`` (same formats as the command-line tools)."""
-    n = max(len(data), 1)
-    return {
-        "gzip-9": 8 * len(gzip.compress(data, compresslevel=9, mtime=0)) / n,
-        "xz-9e": 8 * len(lzma.compress(data, format=lzma.FORMAT_XZ, preset=9 | lzma.PRESET_EXTREME)) / n,
-    }
 
 
 @DATASETS.register("corpus", CorpusConfig)
 class StdlibCorpus(TokenStreamDataset):
     """Python standard-library sources, byte-level (default corpus, no download)."""
 
-    metric = "bpb"
+    metrics = BITS_PER_BYTE
 
     def __init__(self, cfg: CorpusConfig, seed: int):
         self.cfg = cfg
@@ -153,6 +109,9 @@ class StdlibCorpus(TokenStreamDataset):
         self.batch_size = cfg.batch_size
         self.eod_id = SEPARATOR
         self.document_masking = cfg.document_masking
+        # bits per byte over byte targets (the separator is predicted and trained on, but is not a byte)
+        is_byte = torch.arange(cfg.vocab_size) < NUM_BYTE_TOKENS  # [vocab]
+        self.byte_accounting = ByteAccounting(is_byte.double(), counted=is_byte)
         self.folder = build_corpus_cache(cfg.val_percent, cfg.cache_dir)
         self.train = np.memmap(self.folder / "train.bin", dtype=np.uint16, mode="r")
         self.val = np.memmap(self.folder / "val.bin", dtype=np.uint16, mode="r")
@@ -162,19 +121,6 @@ class StdlibCorpus(TokenStreamDataset):
         self.num_val_windows = n_val
         if len(self.train) <= cfg.seq_len + 1 or n_val < 1:
             raise ValueError(f"corpus in {self.folder} is too small for seq_len={cfg.seq_len}")
-
-    # bits per byte over byte targets (the separator is predicted and trained on, but is not a byte)
-    def metric_sums(self, logits, targets, token_loss, index=0):
-        sums = super().metric_sums(logits, targets, token_loss, index)
-        is_byte = (targets >= 0) & (targets < NUM_BYTE_TOKENS)  # -100: not scored
-        sums["byte_loss_sum"] = (token_loss * is_byte).sum()
-        sums["bytes"] = is_byte.sum()
-        return sums
-
-    def finish_metrics(self, sums):
-        out = super().finish_metrics(sums)
-        out["bpb"] = sums["byte_loss_sum"] / max(sums["bytes"], 1) / math.log(2)
-        return out
 
     def validation_bytes(self) -> bytes:
         """The bytes whose prediction validation scores: the targets of every validation window."""
@@ -186,7 +132,7 @@ class StdlibCorpus(TokenStreamDataset):
         if path.exists():
             return json.loads(path.read_text())
         result = compressed_bits_per_byte(self.validation_bytes())
-        _write_atomic(path, json.dumps(result).encode())
+        write_atomic(path, json.dumps(result).encode())
         return result
 
     def describe(self) -> str:

@@ -19,9 +19,10 @@ import numpy as np
 import torch
 from omegaconf import MISSING
 
-from components.data.base import DatasetConfig, TokenStreamDataset
+from components.data.base import DatasetConfig, TokenStreamDataset, prepared_tokenizer
 from components.data.text.prepared import DTYPES, PreparedFolder, PreparedFolderError, is_prepared
 from components.data.text.stream import PreparedStream
+from components.data.text.tokenizers import TextTokenizer
 from components.registry import DATASETS, ConfigError
 
 BARE_VOCAB_SIZE = 50304
@@ -48,6 +49,11 @@ class MemmapConfig(DatasetConfig):
     document_masking: bool = False
     # bare files only: the end-of-document token id, for document_masking
     eod_id: Optional[int] = None
+
+    def text_tokenizer(self) -> TextTokenizer:
+        if not is_prepared(self.path):
+            return super().text_tokenizer()  # bare token files: no tokenizer
+        return prepared_tokenizer(self.path)
 
     @classmethod
     def complete(cls, node: Any, key: str) -> None:

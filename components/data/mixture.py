@@ -20,10 +20,12 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from components.data.base import DatasetConfig, TokenDataset, batch_generator
-from components.data.corpus import compressed_bits_per_byte
+from components.data.base import DatasetConfig, TokenDataset, batch_generator, prepared_tokenizer
+from components.data.compressor_baselines import compressed_bits_per_byte
+from components.data.metrics import BITS_PER_BYTE
 from components.data.text.prepared import PreparedFolder, PreparedFolderError, is_prepared
 from components.data.text.stream import PreparedStream
+from components.data.text.tokenizers import TextTokenizer
 from components.registry import DATASETS, ConfigError
 
 SOURCE_FIELDS = {
@@ -46,6 +48,9 @@ class MixtureConfig(DatasetConfig):
     vocab_size: Optional[int] = None
     # attention and recurrent state stop at document boundaries
     document_masking: bool = False
+
+    def text_tokenizer(self) -> TextTokenizer:
+        return prepared_tokenizer(next(iter(self.sources.values()))["path"])  # the sources share one
 
     @classmethod
     def complete(cls, node: Any, key: str) -> None:
@@ -127,7 +132,7 @@ def _open(path: Any, key: str) -> PreparedFolder:
 class Mixture(TokenDataset):
     """Rows drawn from several prepared streams by weight; validation per source."""
 
-    metric = "bpb"
+    metrics = BITS_PER_BYTE
 
     def __init__(self, cfg: MixtureConfig, seed: int):
         self.cfg = cfg

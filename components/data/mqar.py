@@ -24,7 +24,8 @@ from typing import Any, Optional
 
 import torch
 
-from components.data.base import IGNORE_INDEX, DatasetConfig, TokenDataset, batch_generator
+from components.data.base import IGNORE_INDEX, DatasetConfig, NoValidationStream, TokenDataset, batch_generator
+from components.data.metrics import ACCURACY
 from components.registry import DATASETS, ConfigError
 
 VAL_STREAM = 1
@@ -161,7 +162,7 @@ def segment_examples(
 class MQAR(TokenDataset):
     """Synthetic multi-query associative recall (Zoology); reports recall accuracy, per test segment."""
 
-    metric = "accuracy"
+    metrics = ACCURACY
 
     def __init__(self, cfg: MQARConfig, seed: int):
         self.cfg = cfg
@@ -234,6 +235,12 @@ class MQAR(TokenDataset):
             for seg in self.val_segments:
                 out[f"accuracy/{seg.name}"] = sums[f"correct/{seg.name}"] / max(sums[f"scored/{seg.name}"], 1)
         return out
+
+    def validation_stream(self):
+        raise NoValidationStream(
+            "has no validation token stream to cut longer windows from (MQAR: list longer settings in "
+            "data.test_segments instead)"
+        )
 
     def describe(self) -> str:
         c = self.cfg

@@ -6,15 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from components.data.corpus import (
-    SEPARATOR,
-    CorpusConfig,
-    StdlibCorpus,
-    compressed_bits_per_byte,
-    is_validation,
-    stdlib_root,
-    stdlib_sources,
-)
+from components.data.compressor_baselines import compressed_bits_per_byte
+from components.data.corpus import SEPARATOR, CorpusConfig, StdlibCorpus
+from components.data.stdlib_sources import is_validation, stdlib_root, stdlib_sources
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ def stdlib_bpe(request, tmp_path_factory):
         out = tmp_path_factory.mktemp("prep") / "docs-bpe8k"
         _prepare(["stdlib:docs"], out, "bpe:8192", val_fraction=0.1)
         return request.param, 0.1, PreparedFolder.open(out)
-    from components.data.text_corpus import CodeConfig, CodeCorpus
+    from components.data.cached_text import CodeConfig, CodeCorpus
 
     cfg = CodeConfig(seq_len=64, batch_size=2, val_tokens=1024)
     CodeCorpus(cfg, seed=0)  # prepares it (under the cache's lock) unless already there

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
-from components.data.corpus import is_validation, stdlib_fingerprint, stdlib_root, stdlib_sources
+from components.data.stdlib_sources import is_validation, stdlib_fingerprint, stdlib_root, stdlib_sources
 from components.data.text.compression import CompressionError, iter_input_lines, read_input_bytes
 from components.data.text.input_files import InputError, InputFile
 

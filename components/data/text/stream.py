@@ -10,21 +10,21 @@ tokenizer), the split's average bytes per token is used instead, and ``describe`
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import numpy as np
 import torch
 
-from components.data.base import IGNORE_INDEX, TokenStreamDataset
-from components.data.corpus import compressed_bits_per_byte
+from components.data.base import TokenStreamDataset
+from components.data.compressor_baselines import compressed_bits_per_byte
+from components.data.metrics import BITS_PER_BYTE, ByteAccounting
 from components.data.text.prepared import PreparedFolder, bytes_per_token
 
 
 class PreparedStream(TokenStreamDataset):
     """Random training windows and consecutive validation windows of one prepared folder."""
 
-    metric = "bpb"
+    metrics = BITS_PER_BYTE
 
     def __init__(
         self,
@@ -59,25 +59,7 @@ class PreparedStream(TokenStreamDataset):
         self.exact = bool(folder.meta.get("token_bytes_exact", False))
         if not self.exact:  # the split's average, for every non-special token
             lengths = np.where(lengths > 0, bytes_per_token(folder.meta["splits"]["val"]), 0.0)
-        self._lengths_cpu = torch.from_numpy(lengths).double()
-        self._lengths: dict[torch.device, torch.Tensor] = {}
-
-    def byte_lengths(self, device: torch.device) -> torch.Tensor:
-        """UTF-8 bytes per token id ``[vocab]`` (float64), on ``device``."""
-        if device not in self._lengths:
-            self._lengths[device] = self._lengths_cpu.to(device)
-        return self._lengths[device]
-
-    def metric_sums(self, logits, targets, token_loss, index: int = 0):
-        sums = super().metric_sums(logits, targets, token_loss, index)
-        scored = targets != IGNORE_INDEX
-        sums["bytes"] = (self.byte_lengths(targets.device)[targets.clamp(min=0)] * scored).sum()
-        return sums
-
-    def finish_metrics(self, sums):
-        out = super().finish_metrics(sums)
-        out["bpb"] = sums["loss_sum"] / max(sums["bytes"], 1e-9) / math.log(2)
-        return out
+        self.byte_accounting = ByteAccounting(torch.from_numpy(lengths))
 
     def validation_bytes(self) -> bytes:
         """The UTF-8 bytes the scored validation targets stand for."""

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from components.data.base import DatasetConfig
-from components.data.corpus import default_cache_dir
+from components.data.base import DatasetConfig, NoTextTokenizer, prepared_tokenizer
+from components.data.cache_folder import default_cache_dir
 from components.data.text.documents import ReadOptions
 from components.data.text.input_files import InputError, expand_input
 from components.data.text.pipeline import PrepareOptions, prepare
-from components.data.text.prepared import PreparedFolder
+from components.data.text.prepared import PreparedFolder, is_prepared
 from components.data.text.stream import PreparedStream
-from components.data.text.tokenizers import TokenizerError, spec_vocab_size
+from components.data.text.tokenizers import TextTokenizer, TokenizerError, spec_vocab_size
 from components.registry import DATASETS, ConfigError
 
 
@@ -48,6 +48,15 @@ class TextConfig(DatasetConfig):
     document_masking: bool = False
     # where the prepared folder goes (None: $K3_CACHE_DIR or ~/.cache/k3-sandbox)
     cache_dir: Optional[str] = None
+
+    def text_tokenizer(self) -> TextTokenizer:
+        folder = self.folder()
+        if not is_prepared(folder):
+            raise NoTextTokenizer(
+                f"the run's data ({self.name}) is not prepared on this machine ({folder}); "
+                "train or prepare it here first"
+            )
+        return prepared_tokenizer(folder)
 
     @classmethod
     def complete(cls, node: Any, key: str) -> None:
