@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import csv
 import html
-import json
+import os
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -41,6 +41,8 @@ from typing import Any, Optional
 from analysis import recall
 from analysis.plotting import pyplot
 from components.data.metrics import LOSS, MetricContract
+from runtime.cli import new_output_path
+from runtime.json_records import read_json_file
 from runtime.jsonl_logger import read_metrics
 from runtime.sweep_job import INDEX_FILE, read_index
 
@@ -87,7 +89,7 @@ def _load_run(run_dir: Path, varied: Optional[dict[str, str]] = None) -> Run:
     summary_path = run_dir / "summary.json"
     if not summary_path.exists():
         raise FileNotFoundError(f"{run_dir}: no summary.json (not a finished run folder)")
-    summary = json.loads(summary_path.read_text())
+    summary = read_json_file(summary_path)
     summary["eval"] = read_evaluations(run_dir)
     metrics_path = run_dir / "metrics.jsonl"
     metrics = read_metrics(str(metrics_path)) if metrics_path.exists() else []
@@ -104,9 +106,9 @@ def read_evaluations(run_dir: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     lengths, harness = run_dir / "eval" / RESULTS_FILE, run_dir / "eval" / HARNESS_FILE
     if lengths.is_file():
-        out.update(length_summary(json.loads(lengths.read_text())["results"]))
+        out.update(length_summary(read_json_file(lengths)["results"]))
     if harness.is_file():
-        out.update(task_summary(json.loads(harness.read_text())["results"]))
+        out.update(task_summary(read_json_file(harness)["results"]))
     return out
 
 
@@ -410,9 +412,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         nargs="+",
         help="sweep folders, run folders, W&B offline run directories, or wandb:ENTITY/PROJECT[/GROUP]",
     )
-    p.add_argument("--out", default="outputs/compare", help="output folder (default: outputs/compare)")
+    p.add_argument(
+        "--out", type=new_output_path, default="outputs/compare", help="output folder (default: outputs/compare)"
+    )
     p.add_argument("--html", action="store_true", help="also write index.html with the tables and figures")
     args = p.parse_args(argv)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        p.error(f"argument --out: '{args.out}' is a file, not a folder for the comparison")
     try:
         result = compare(args.runs, args.out, args.html)
     except (FileNotFoundError, ValueError) as err:

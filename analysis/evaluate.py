@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ import torch
 
 from components.data.base import NoValidationStream, TokenDataset
 from components.objective import IGNORE_INDEX, document_segments, token_losses
+from runtime.cli import finite_float, int_at_least, new_output_path, torch_device
 
 RESULTS_FILE = "lengths.json"
 HARNESS_FILE = "harness.json"
@@ -55,18 +57,31 @@ def task_summary(scores: dict[str, dict[str, float]]) -> dict[str, float]:
     return {f"{task}/{k}": v for task, metrics in scores.items() for k, v in metrics.items()}
 
 
+def parse_length_spec(spec: str) -> list[tuple[str, float]]:
+    """``"1x,2x,512"`` -> ``[("x", 1.0), ("x", 2.0), ("tokens", 512)]``; EvaluationError naming a bad part."""
+    parts = []
+    for part in (p.strip() for p in spec.split(",")):
+        try:
+            kind, value = ("x", float(part[:-1])) if part.endswith("x") else ("tokens", int(part))
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(part)
+        except ValueError:
+            raise EvaluationError(
+                f"--lengths: '{part}' is neither a positive multiple of the training length (e.g. 2x) nor a number "
+                "of tokens"
+            ) from None
+        parts.append((kind, value))
+    return parts
+
+
 def parse_lengths(spec: str, train_len: int) -> list[int]:
     """``"1x,2x,4x"`` (multiples of the training length) or token counts -> lengths in tokens."""
     out = []
-    for part in (p.strip() for p in spec.split(",")):
-        try:
-            length = round(float(part[:-1]) * train_len) if part.endswith("x") else int(part)
-        except ValueError:
-            raise EvaluationError(
-                f"--lengths: '{part}' is neither a multiple of the training length (e.g. 2x) nor a number of tokens"
-            ) from None
+    for kind, value in parse_length_spec(spec):
+        length = round(value * train_len) if kind == "x" else int(value)
         if length < 2:
-            raise EvaluationError(f"--lengths: '{part}' gives {length} tokens; a length needs at least 2")
+            shown = f"{value:g}x" if kind == "x" else str(int(value))
+            raise EvaluationError(f"--lengths: '{shown}' gives {length} tokens; a length needs at least 2")
         out.append(length)
     return sorted(set(out))
 
@@ -344,12 +359,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--lengths", help="comma-separated multiples of the training length (1x,2x,4x) or token counts")
     p.add_argument("--tasks", help="comma-separated lm-evaluation-harness tasks")
     p.add_argument("--include-path", default=None, help="a folder of extra task YAML files for --tasks")
-    p.add_argument("--limit", type=float, default=None, help="documents per task (a fraction if below 1)")
-    p.add_argument("--num-fewshot", type=int, default=None)
-    p.add_argument("--tokens", type=int, default=65536, help="validation tokens scored per length (default 65536)")
-    p.add_argument("--batch-tokens", type=int, default=16384, help="tokens per forward pass (default 16384)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out", default=None, help="results folder (default: <run folder>/eval)")
+    p.add_argument(
+        "--limit", type=finite_float(0.0, above=True), default=None, help="documents per task (a fraction if below 1)"
+    )
+    p.add_argument("--num-fewshot", type=int_at_least(0), default=None)
+    p.add_argument(
+        "--tokens", type=int_at_least(1), default=65536, help="validation tokens scored per length (default 65536)"
+    )
+    p.add_argument(
+        "--batch-tokens", type=int_at_least(1), default=16384, help="tokens per forward pass (default 16384)"
+    )
+    p.add_argument("--device", type=torch_device, default="cpu")
+    p.add_argument("--out", type=new_output_path, default=None, help="results folder (default: <run folder>/eval)")
     args = p.parse_args(argv)
     from runtime.load_run import RunLoadError
 
@@ -358,8 +379,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise EvaluationError(f"{args.run}: no such run folder, checkpoint or exported folder")
         if not (args.lengths or args.tasks):
             raise EvaluationError("name what to evaluate: --lengths and/or --tasks")
-        if args.tokens < 1 or args.batch_tokens < 1:
-            raise EvaluationError("--tokens and --batch-tokens must be positive")
+        if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise EvaluationError(f"--out {args.out}: a file, not a folder for the results")
+        if args.lengths:
+            parse_length_spec(args.lengths)  # the form, before the run loads (tokens need its training length)
         if args.lengths:
             evaluate_lengths(args.run, args.lengths, args.tokens, args.batch_tokens, args.device, args.out)
         if args.tasks:

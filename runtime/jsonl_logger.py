@@ -13,6 +13,8 @@ from typing import Any, Mapping, Optional
 from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
+from runtime.json_records import read_json_lines
+
 
 class JSONLLogger(Logger):
     def __init__(self, save_dir: str, name: str = "run", version: str = "0"):
@@ -54,12 +56,5 @@ class JSONLLogger(Logger):
 
 
 def read_metrics(path: str) -> list[dict[str, float]]:
-    """Records of a ``metrics.jsonl`` file (a torn last line from a crash is skipped)."""
-    records = []
-    with open(path) as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
+    """Records of a ``metrics.jsonl`` file (a torn line from a crash is skipped)."""
+    return read_json_lines(path)

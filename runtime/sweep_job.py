@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from runtime import handoff
+from runtime.json_records import read_json_lines
 
 INDEX_FILE = "index.jsonl"
 
@@ -83,5 +84,4 @@ def read_index(sweep_dir: str) -> list[dict[str, Any]]:
     path = os.path.join(sweep_dir, INDEX_FILE)
     if not os.path.exists(path):
         return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_json_lines(path)  # a torn last line (a job killed while writing) is skipped

@@ -102,7 +102,7 @@ def test_what_cannot_be_evaluated_is_refused_by_name(trained, tmp_path, capsys, 
     assert main([str(broken), "--lengths", "2x"]) == 2
     assert "none of its" in capsys.readouterr().err
     assert main([str(trained), "--lengths", "2y"]) == 2
-    assert "'2y' is neither a multiple" in capsys.readouterr().err
+    assert "'2y' is neither a positive multiple" in capsys.readouterr().err
     assert main([str(trained), "--lengths", "100000000"]) == 2
     assert "longer than the validation split" in capsys.readouterr().err
     from components.mixers.base import Mixer

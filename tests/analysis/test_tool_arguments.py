@@ -92,3 +92,44 @@ def test_harness_refuses_an_unknown_task_before_loading_the_run(tmp_path):
     argv = ["--model", "k3", "--model_args", f"run={tmp_path / 'missing'}", "--tasks", "python_idioms,no_such"]
     rc, err = _harness(tmp_path, *argv, "--include_path", str(HARNESS_TASKS))
     assert rc == 2 and "--tasks: unknown task(s) no_such" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("spec", ["infx", "nanx", "-2x", "0", "abc"])
+def test_evaluate_refuses_a_bad_length_before_loading_the_run(tmp_path, capsys, spec):
+    from analysis.evaluate import main
+
+    assert main([str(tmp_path), f"--lengths={spec}"]) == 2  # tmp_path is no run: the form is refused first
+    err = capsys.readouterr().err
+    assert f"--lengths: '{spec}' is neither" in err and "Traceback" not in err, err
+
+
+def test_evaluate_refuses_an_out_that_is_a_file_before_loading_the_run(tmp_path, capsys):
+    from analysis.evaluate import main
+
+    (tmp_path / "results").write_text("mine")
+    assert main([str(tmp_path), "--lengths", "1x", "--out", str(tmp_path / "results")]) == 2
+    assert "--out" in capsys.readouterr().err and (tmp_path / "results").read_text() == "mine"
+    with pytest.raises(SystemExit):  # a file on the way to it
+        main([str(tmp_path), "--lengths", "1x", "--out", str(tmp_path / "results" / "sub")])
+    assert "results is a file, not a folder" in capsys.readouterr().err
+
+
+def test_compare_names_a_torn_summary_and_skips_a_torn_index_line(tmp_path, capsys):
+    from analysis.compare import main
+    from runtime.sweep_job import read_index
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text('{"val": {"loss": 1.2')
+    assert main([str(run), "--out", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'summary.json'}: not readable JSON" in err and "Traceback" not in err, err
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "index.jsonl").write_text('{"job": 0, "run_dir": "a"}\n{"job": 1, "run_')
+    assert read_index(str(sweep)) == [{"job": 0, "run_dir": "a"}]
+    (tmp_path / "taken").write_text("mine")
+    with pytest.raises(SystemExit) as exit_:
+        main([str(run), "--out", str(tmp_path / "taken")])
+    assert exit_.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
+    assert (tmp_path / "taken").read_text() == "mine"
