@@ -20,6 +20,7 @@ from omegaconf import II
 
 from components.base import ComponentConfig, ConfigError, LayerPattern, LayerSpec
 from components.layer_plan import resolve_plan, slot_key
+from components.nn.build_context import INIT_STD, NORM_EPS
 
 
 def check_positive(cfg: Any, key: str, *fields: str) -> None:
@@ -37,10 +38,10 @@ class ModelConfig:
     # the data's vocabulary unless set (composition resolves it from the chosen dataset)
     vocab_size: int = II("data.vocab_size")
     tie_embeddings: bool = True
-    init_std: float = 0.02
-    norm_eps: float = 1e-5
+    init_std: float = INIT_STD
+    norm_eps: float = NORM_EPS
     # Output projections of every sublayer are initialised with init_std / sqrt(2 * n_layers), as in
-    # GPT-2, so the residual stream does not grow with depth at initialisation.
+    # GPT-2, so the residual stream does not grow with depth at initialisation (BuildContext.for_model).
     scale_residual_init: bool = True
     mixer_plan: LayerPattern = field(default_factory=lambda: LayerPattern(repeat=["mixer"]))
     ffn_plan: LayerPattern = field(default_factory=lambda: LayerPattern(repeat=["ffn"]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.nn.build_context import BuildContext
 from components.nn.matrix_layout import HasMatrixLayouts
 
 
@@ -15,8 +16,8 @@ class Sublayer(HasMatrixLayouts):
     # compiles the model layer by layer around them instead of as one graph (runtime/compile.py)
     compile_friendly: bool = True
 
-    def __init__(self, cfg: Any, d_model: int, layer_idx: int = 0):
+    def __init__(self, cfg: Any, ctx: BuildContext):
         super().__init__()
         self.cfg = cfg
-        self.d_model = d_model
-        self.layer_idx = layer_idx
+        self.d_model = ctx.d_model
+        self.layer_idx = ctx.layer_idx

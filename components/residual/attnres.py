@@ -52,6 +52,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from components.config import ComponentConfig
+from components.nn.build_context import BuildContext
 from components.nn.rmsnorm import RMSNorm
 from components.ops.attnres import attnres_read
 from components.ops.backend import allowed_backends
@@ -123,8 +124,9 @@ def sublayer_label(s: ReadKey) -> str:
 class _AttnResBase(ResidualScheme):
     """Parameters, the read, and depth-weight recording shared by the two schemes."""
 
-    def __init__(self, cfg: Any, d_model: int, n_layers: int, norm_eps: float = 1e-5):
-        super().__init__(cfg, d_model, n_layers)
+    def __init__(self, cfg: Any, ctx: BuildContext):
+        super().__init__(cfg, ctx)
+        d_model, n_layers = ctx.d_model, ctx.n_layers
         self.eps = cfg.eps
         self.backend = cfg.backend
 
@@ -288,11 +290,11 @@ class BlockState(NamedTuple):
 class BlockAttnRes(_AttnResBase):
     """Block AttnRes (K3): reads attend over the embedding, completed block sums and the current partial sum."""
 
-    def __init__(self, cfg: BlockAttnResConfig, d_model: int, n_layers: int, norm_eps: float = 1e-5):
-        super().__init__(cfg, d_model, n_layers, norm_eps)
+    def __init__(self, cfg: BlockAttnResConfig, ctx: BuildContext):
+        super().__init__(cfg, ctx)
         self.block_sublayers = cfg.sublayers_per_block()
         # summaries kept at the final read: the embedding plus every block started before the last one
-        self.n_blocks = (2 * n_layers - 1) // self.block_sublayers + 1
+        self.n_blocks = (2 * ctx.n_layers - 1) // self.block_sublayers + 1
 
     def start(self, x0: torch.Tensor) -> BlockState:
         return BlockState((), x0)
