@@ -633,15 +633,10 @@ def check_fsdp2(overrides: Sequence[str], B: int, T: int, tol: float) -> Callabl
             mesh = init_device_mesh(ctx.device.type, (1,))
 
             def shard(model: torch.nn.Module) -> None:
-                # runtime/lit_module.py::configure_model: each decoder layer, then the root; sharding
-                # replaces the parameters, so carry the weight-decay markers the optimizer reads
-                markers = {n: p._no_weight_decay for n, p in model.named_parameters() if hasattr(p, "_no_weight_decay")}
+                # runtime/lit_module.py::configure_model: each decoder layer, then the root
                 for layer in model.layers:
                     fully_shard(layer, mesh=mesh)
                 fully_shard(model, mesh=mesh)
-                for n, p in model.named_parameters():
-                    if n in markers:
-                        p._no_weight_decay = markers[n]
 
             gen = torch.Generator().manual_seed(0)
             ids = None

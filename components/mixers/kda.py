@@ -176,12 +176,13 @@ class KimiDeltaAttention(Mixer):
         self.o_norm = nn.Module()
         self.o_norm.weight = nn.Parameter(torch.ones(K))
         self.o_proj = nn.Linear(P, d_model, bias=False)
-        # decay parameters stay fp32 and out of weight decay
+        # decay parameters stay fp32 and out of weight decay (no_weight_decay)
         self.A_log = nn.Parameter(torch.empty(H, dtype=torch.float32))
         self.dt_bias = nn.Parameter(torch.empty(P, dtype=torch.float32))
-        for p in (self.A_log, self.dt_bias):
-            p._no_weight_decay = True
         self.reset_parameters(init_std, out_init_std or init_std)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"A_log", "dt_bias"}
 
     def muon_layouts(self) -> dict[str, MatrixLayout]:
         """Per-head blocks of the head-indexed projections; f_a_proj, g_a_proj and b_proj are shared by

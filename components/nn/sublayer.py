@@ -6,9 +6,10 @@ from typing import Any
 
 from components.nn.build_context import BuildContext
 from components.nn.matrix_layout import HasMatrixLayouts
+from components.nn.weight_decay import HasNoWeightDecay
 
 
-class Sublayer(HasMatrixLayouts):
+class Sublayer(HasMatrixLayouts, HasNoWeightDecay):
     """A sublayer built from its config at one layer of a ``d_model``-wide decoder."""
 
     # False when forward holds eager islands (torch.compiler.disable'd code with data-dependent sizes or

@@ -141,7 +141,6 @@ class _AttnResBase(ResidualScheme):
         self.mlp_res_norm = nn.ModuleList(RMSNorm(d_model, self.eps) for _ in range(n_layers))
         self.output_attn_res_proj = query()
         self.output_attn_res_norm = RMSNorm(d_model, self.eps)
-        self._mark_no_weight_decay()
 
         self._weight_sums: dict[ReadKey, torch.Tensor] = {}
         self._weight_counts: dict[ReadKey, int] = {}
@@ -150,19 +149,10 @@ class _AttnResBase(ResidualScheme):
     def _queries(self) -> list[nn.Parameter]:
         return [*self.self_attention_res_proj, *self.mlp_res_proj, self.output_attn_res_proj]
 
-    def _mark_no_weight_decay(self) -> None:
-        # decaying a pseudo-query pulls the depth mix back to uniform; the trainer's grouping reads this
-        for p in self._queries():
-            p._no_weight_decay = True
-
-    def _apply(self, fn, recurse=True):
-        out = super()._apply(fn, recurse)
-        self._mark_no_weight_decay()  # conversions may hand back new Parameter objects
-        return out
-
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        self._mark_no_weight_decay()  # deepcopy re-creates Parameters without their attributes
+    def no_weight_decay(self) -> set[str]:
+        # decaying a pseudo-query pulls the depth mix back to uniform
+        per_layer = ("self_attention_res_proj", "mlp_res_proj")
+        return {f"{group}.{i}" for group in per_layer for i in range(self.n_layers)} | {"output_attn_res_proj"}
 
     def _params_for(self, key: ReadKey) -> tuple[nn.Parameter, torch.Tensor]:
         if key == "final":

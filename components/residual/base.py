@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from components.nn.build_context import BuildContext
+from components.nn.weight_decay import HasNoWeightDecay
 
 
-class ResidualScheme(nn.Module):
+class ResidualScheme(HasNoWeightDecay):
     """Base class of every registered residual scheme (``RESIDUALS.register``).
 
     Constructor: ``Scheme(cfg, ctx)`` with ``ctx`` a ``components.nn.build_context.BuildContext`` (the

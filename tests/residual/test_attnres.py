@@ -396,9 +396,9 @@ def test_decoder_runs_under_bf16_autocast(residual):
 def test_pseudo_queries_are_excluded_from_weight_decay():
     model = build_model("model=tiny", "residual=block_attnres")
     for m in (model, copy.deepcopy(model), copy.deepcopy(model).double()):
-        decay_ids = {id(p) for p in adamw_param_groups(unique_trainable(m), 0.1)[0]["params"]}
+        decay_ids = {id(p) for p in adamw_param_groups(m, unique_trainable(m), 0.1)[0]["params"]}
         for q in m.residual._queries():
-            assert q._no_weight_decay is True and id(q) not in decay_ids
+            assert id(q) not in decay_ids
 
 
 # ---------------------------------------------------------------- config
