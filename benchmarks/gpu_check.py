@@ -61,6 +61,8 @@ from typing import Any
 
 import torch
 
+from components.nn.build_context import BuildContext
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # also runnable as a script
 
 from benchmarks.timing import medians, time_interleaved
@@ -394,9 +396,9 @@ def check_kda_mixer(B: int, T: int, H: int, K: int, tol: float, repeats: int) ->
 
         d = H * K
         torch.manual_seed(0)
-        mixer = KimiDeltaAttention(KDAConfig(n_heads=H, head_dim=K, gate_lower_bound=-5.0, backend="torch"), d).to(
-            ctx.device
-        )
+        mixer = KimiDeltaAttention(
+            KDAConfig(n_heads=H, head_dim=K, gate_lower_bound=-5.0, backend="torch"), BuildContext(d)
+        ).to(ctx.device)
         params = list(mixer.parameters())
         x = {"x": torch.randn(B, T, d, device=ctx.device).requires_grad_()}  # [B, T, d]
         dy = torch.randn(B, T, d, device=ctx.device).bfloat16()  # [B, T, d]
@@ -502,7 +504,8 @@ def check_moe_experts(
         inputs = {"x": torch.randn(N, d, device=ctx.device, dtype=torch.bfloat16).requires_grad_()}  # [N, d]
         if not grouped_mm_supported(inputs["x"], ex.w1.transpose(-2, -1)):
             raise Skip(
-                f"grouped_mm does not run here (torch {torch.__version__}, {ctx.device}; components.ffn.experts.grouped_mm_supported)"
+                f"grouped_mm does not run here (torch {torch.__version__}, {ctx.device}; "
+                "components.ffn.experts.grouped_mm_supported)"
             )
         idx, w = routing(N, E, k, ctx.device)  # [N, k] expert ids, [N, k] combine weights (uneven loads)
         gy = torch.randn(N, d, device=ctx.device, dtype=torch.bfloat16)  # [N, d]
@@ -631,15 +634,10 @@ def check_fsdp2(overrides: Sequence[str], B: int, T: int, tol: float) -> Callabl
             mesh = init_device_mesh(ctx.device.type, (1,))
 
             def shard(model: torch.nn.Module) -> None:
-                # runtime/lit_module.py::configure_model: each decoder layer, then the root; sharding
-                # replaces the parameters, so carry the weight-decay markers the optimizer reads
-                markers = {n: p._no_weight_decay for n, p in model.named_parameters() if hasattr(p, "_no_weight_decay")}
+                # runtime/lit_module.py::configure_model: each decoder layer, then the root
                 for layer in model.layers:
                     fully_shard(layer, mesh=mesh)
                 fully_shard(model, mesh=mesh)
-                for n, p in model.named_parameters():
-                    if n in markers:
-                        p._no_weight_decay = markers[n]
 
             gen = torch.Generator().manual_seed(0)
             ids = None
@@ -755,7 +753,8 @@ def build_checks(args: argparse.Namespace) -> list[Check]:
         unknown = wanted - {c.name for c in checks} - {"train_default_compiled", "train_k3_small_compiled"}
         if unknown:
             raise SystemExit(
-                f"--only: unknown check(s) {', '.join(sorted(unknown))}; choose from {', '.join(dict.fromkeys(c.name for c in checks))}"
+                f"--only: unknown check(s) {', '.join(sorted(unknown))}; "
+                f"choose from {', '.join(dict.fromkeys(c.name for c in checks))}"
             )
         checks = [c for c in checks if c.name in wanted]
     return checks

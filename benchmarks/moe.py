@@ -40,6 +40,7 @@ from components.balancers.signsgd import SignSGDConfig  # noqa: E402
 from components.ffn.dense import DenseFFNConfig  # noqa: E402
 from components.ffn.experts import RoutedExperts, experts_reference, grouped_mm_supported  # noqa: E402
 from components.ffn.moe import LatentMoEConfig, MoEFFNConfig, StableLatentMoEConfig  # noqa: E402
+from components.nn.build_context import BuildContext
 from components.ops.activations import glu_activation  # noqa: E402
 from components.registry import BALANCERS, FFNS  # noqa: E402
 
@@ -141,9 +142,9 @@ def build_forms(
     modules = {}
     for name, cls in FORMS.items():
         cfg = cls(num_experts=E, top_k=k, expert_hidden_dim=m, num_shared_experts=0)
-        modules[name] = FFNS.build(cfg, d)
+        modules[name] = FFNS.build(cfg, BuildContext(d))
         hidden = round(modules[name].active_params() / (3 * d))
-        modules[f"dense={name}"] = FFNS.build(DenseFFNConfig(hidden_dim=hidden), d)
+        modules[f"dense={name}"] = FFNS.build(DenseFFNConfig(hidden_dim=hidden), BuildContext(d))
     return {n: mod.to(device=device, dtype=dtype) for n, mod in modules.items()}
 
 
@@ -159,7 +160,8 @@ def bench_forms(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     t = time_interleaved({n: fwd_bwd(mod, x, gy) for n, mod in modules.items()}, args.iters, args.warmup, device)
     mode = "compiled" if args.compile else "eager"
     print(
-        f"\n[forms] FFN forward+backward ({mode}, {args.dtype}), {N} tokens, d={d}, {E} experts top-{k}, m={m}, no shared experts"
+        f"\n[forms] FFN forward+backward ({mode}, {args.dtype}), {N} tokens, d={d}, {E} experts top-{k}, m={m}, "
+        "no shared experts"
     )
     print(f"{'ffn':>18} | {'active params':>13} | {'ms':>8} | {'dense ms':>8} | {'/ dense':>7}")
     for n in FORMS:
@@ -187,7 +189,8 @@ def bench_products(args: argparse.Namespace, device: torch.device, dtype: torch.
         fns["grouped_mm"] = lambda: torch.nn.functional.grouped_mm(x, w.transpose(-2, -1), offs=offs).backward(g)
     t = time_interleaved(fns, args.iters, args.warmup, device)
     print(
-        f"\n[products] one expert matrix fwd+bwd: {E} groups of {rows} x {d} -> {m} vs dense {N} x {d} -> {k * m} (same FLOPs)"
+        f"\n[products] one expert matrix fwd+bwd: {E} groups of {rows} x {d} -> {m} "
+        f"vs dense {N} x {d} -> {k * m} (same FLOPs)"
     )
     for n in fns:
         print(f"{n:>12} | {1e3 * t[n]:>8.2f} ms | {t[n] / t['dense mm']:>5.2f}x dense")
@@ -196,7 +199,9 @@ def bench_products(args: argparse.Namespace, device: torch.device, dtype: torch.
 def bench_balancers(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
     N, d, E, k, m = form_size(args)
     torch.manual_seed(0)
-    layer = FFNS.build(StableLatentMoEConfig(num_experts=E, top_k=k, expert_hidden_dim=m, num_shared_experts=0), d)
+    layer = FFNS.build(
+        StableLatentMoEConfig(num_experts=E, top_k=k, expert_hidden_dim=m, num_shared_experts=0), BuildContext(d)
+    )
     layer = layer.to(device=device, dtype=dtype)
     x = torch.randn(1, N, d, device=device, dtype=dtype)
     gy = torch.randn(1, N, d, device=device, dtype=dtype)
@@ -227,7 +232,8 @@ def bench_balancers(args: argparse.Namespace, device: torch.device, dtype: torch
     t = time_interleaved(fns, args.iters, args.warmup, device)
     t_fwd = t["forward"]
     print(
-        f"\n[balancers] stable_latent_moe layer, {N} tokens, {E} experts top-{k}: (forward + update) - forward, against forward+backward"
+        f"\n[balancers] stable_latent_moe layer, {N} tokens, {E} experts top-{k}: (forward + update) - forward, "
+        "against forward+backward"
     )
     print(f"{'balancer':>10} | {'update ms':>9} | {'/ fwd+bwd':>9}")
     for name in BALANCER_CONFIGS:

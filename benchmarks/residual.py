@@ -1,6 +1,7 @@
 """Residual schemes: time and activation memory of one training step (forward + backward + AdamW step).
 
-    PYTHONPATH=. python benchmarks/residual.py [--iters 5 --device cpu --threads 1 --d-model 256 --n-layers 12 --seq 256 --batch 8]
+    PYTHONPATH=. python benchmarks/residual.py [--iters 5 --device cpu --threads 1 --d-model 256 --n-layers 12
+                                               --seq 256 --batch 8]
 
 Candidates: plain, full AttnRes, block AttnRes (block sizes 2, 4, 12 layers; and 3 sublayers, which gives a
 12-layer model K3's 8 block summaries and 9-source final read), all the same decoder otherwise and
@@ -76,7 +77,7 @@ def build(overrides: list[str], args: argparse.Namespace, device: torch.device) 
 
 
 def make_step(model: Decoder, ids: torch.Tensor, targets: torch.Tensor, compile: bool = False) -> Callable[[], None]:
-    opt = torch.optim.AdamW(adamw_param_groups(unique_trainable(model), 0.1), lr=1e-4)
+    opt = torch.optim.AdamW(adamw_param_groups(model, unique_trainable(model), 0.1), lr=1e-4)
     forward = torch.compile(model, dynamic=False) if compile else model
 
     def step() -> None:
@@ -212,7 +213,8 @@ def depth_table(args: argparse.Namespace, depths: list[int]) -> None:
         act = {n: forward_activation_bytes(args, o, L) for n, o in cands.items()}
         extra = {n: (act[n] - act["plain"]) / 2**20 for n in cands}
         print(
-            f"{L:>6} {act['plain'] / 2**20:>10.1f} {extra['block']:>8.1f} {extra['block keep']:>10.1f} {extra['full']:>8.1f}"
+            f"{L:>6} {act['plain'] / 2**20:>10.1f} {extra['block']:>8.1f} {extra['block keep']:>10.1f} "
+            f"{extra['full']:>8.1f}"
         )
 
 

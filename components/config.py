@@ -7,9 +7,8 @@ checked by ``DecoderConfig.build``, which raises ``ConfigError`` naming the full
 wrong. Nothing here knows about training, hardware or logging; the runtime composes a whole run
 (``runtime/config.py``) and hands the model part to this module.
 
-``ComponentConfig`` is the base of every registered component's config dataclass (mixers, FFNs,
-balancers, residual schemes, datasets, optimizers): its methods are the whole contract the rest of the
-code may call on a component's config.
+``ComponentConfig`` (the base of every registered component's config dataclass) and ``LayerPattern``
+are defined in ``components/base.py`` and re-exported here.
 """
 
 from __future__ import annotations
@@ -17,24 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import II, MISSING
+from omegaconf import II
 
-from components.registry import ConfigError
-
-
-class ComponentConfig:
-    """Contract of a registered component's config (subclasses are dataclasses with a ``name`` field)."""
-
-    name: str
-
-    def validate(self, model: "ModelConfig", key: str) -> None:
-        """Raise ``ConfigError`` (full key ``{key}.{field}``) for values this component cannot take.
-        ``model`` gives the decoder-wide settings (``d_model``, ...) a check may need."""
-
-    def kernel_backends(self) -> dict[str, str]:
-        """``{field: choice}`` of the kernel back-ends this config selects (``components/ops/backend.py``),
-        so the runtime can refuse a CUDA-only kernel on a CPU run; {} for components without kernels."""
-        return {}
+from components.base import ComponentConfig, ConfigError, LayerPattern, LayerSpec
+from components.layer_plan import resolve_plan, slot_key
+from components.nn.build_context import INIT_STD, NORM_EPS
 
 
 def check_positive(cfg: Any, key: str, *fields: str) -> None:
@@ -46,30 +32,16 @@ def check_positive(cfg: Any, key: str, *fields: str) -> None:
 
 
 @dataclass
-class LayerPattern:
-    """Which slot each layer uses: ``repeat`` is cycled over the layers, ``at`` pins single layers.
-
-    Slot names are ``mixer`` / ``ffn`` (the primary components) or keys of ``mixers`` / ``ffns``.
-    ``at`` keys are 0-indexed layer numbers; negative numbers count from the end (-1 = last layer).
-    K3: mixers ``repeat: [mixer, mixer, mixer, mla]`` with ``at: {-1: mla}``; FFNs ``repeat: [ffn]``
-    with ``at: {0: dense}``.
-    """
-
-    repeat: list[str] = MISSING
-    at: dict[int, str] = field(default_factory=dict)
-
-
-@dataclass
 class ModelConfig:
     d_model: int = 256
     n_layers: int = 6
     # the data's vocabulary unless set (composition resolves it from the chosen dataset)
     vocab_size: int = II("data.vocab_size")
     tie_embeddings: bool = True
-    init_std: float = 0.02
-    norm_eps: float = 1e-5
+    init_std: float = INIT_STD
+    norm_eps: float = NORM_EPS
     # Output projections of every sublayer are initialised with init_std / sqrt(2 * n_layers), as in
-    # GPT-2, so the residual stream does not grow with depth at initialisation.
+    # GPT-2, so the residual stream does not grow with depth at initialisation (BuildContext.for_model).
     scale_residual_init: bool = True
     mixer_plan: LayerPattern = field(default_factory=lambda: LayerPattern(repeat=["mixer"]))
     ffn_plan: LayerPattern = field(default_factory=lambda: LayerPattern(repeat=["ffn"]))
@@ -92,15 +64,19 @@ class DecoderConfig:
     """What ``components.model.Decoder`` is built from."""
 
     model: ModelConfig
-    layers: list  # list[LayerSpec]: the mixer and FFN config of every layer, in order
-    residual: Any  # the residual scheme's config
+    layers: list[LayerSpec]  # the mixer and FFN config of every layer, in order
+    residual: ComponentConfig  # the residual scheme's config
 
     @classmethod
-    def build(cls, model: ModelConfig, mixers: dict[str, Any], ffns: dict[str, Any], residual: Any) -> "DecoderConfig":
+    def build(
+        cls,
+        model: ModelConfig,
+        mixers: dict[str, ComponentConfig],
+        ffns: dict[str, ComponentConfig],
+        residual: ComponentConfig,
+    ) -> DecoderConfig:
         """Check and assemble. ``mixers`` / ``ffns`` map slot names to component configs (the primary
         slots are ``mixer`` and ``ffn``); every component is validated under its full config key."""
-        from components.layer_plan import resolve_plan, slot_key
-
         model.validate()
         for slot, cfg in mixers.items():
             cfg.validate(model, slot_key(slot, "mixer"))
@@ -109,9 +85,9 @@ class DecoderConfig:
         residual.validate(model, "residual")
         return cls(model, resolve_plan(model, mixers, ffns), residual)
 
-    def component_configs(self) -> list[Any]:
+    def component_configs(self) -> list[ComponentConfig]:
         """Every distinct component config of the decoder (each slot's once, then the residual scheme)."""
-        seen: dict[int, Any] = {}
+        seen: dict[int, ComponentConfig] = {}
         for spec in self.layers:
             seen.setdefault(id(spec.mixer), spec.mixer)
             seen.setdefault(id(spec.ffn), spec.ffn)

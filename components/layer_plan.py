@@ -7,22 +7,12 @@ MoE after); the slots ``mla`` and ``dense`` are keys of ``mixers`` and ``ffns``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from components.registry import ConfigError
+from components.base import ComponentConfig, ConfigError, LayerPattern, LayerSpec
 
 
-@dataclass(frozen=True)
-class LayerSpec:
-    index: int
-    mixer_slot: str
-    mixer: Any  # mixer config dataclass
-    ffn_slot: str
-    ffn: Any  # FFN config dataclass
-
-
-def expand_pattern(pattern: Any, n_layers: int, slots: dict[str, Any], key: str) -> list[str]:
+def expand_pattern(pattern: LayerPattern, n_layers: int, slots: dict[str, ComponentConfig], key: str) -> list[str]:
     """Slot name per layer for one LayerPattern; raises ConfigError naming ``key`` on bad input."""
     repeat = list(pattern.repeat)
     if not repeat:
@@ -44,8 +34,11 @@ def expand_pattern(pattern: Any, n_layers: int, slots: dict[str, Any], key: str)
     return names
 
 
-def resolve_plan(model: Any, mixer_slots: dict[str, Any], ffn_slots: dict[str, Any]) -> list[LayerSpec]:
-    """Per-layer (mixer, FFN) configs from a ModelConfig's patterns and the configs of each slot."""
+def resolve_plan(
+    model: Any, mixer_slots: dict[str, ComponentConfig], ffn_slots: dict[str, ComponentConfig]
+) -> list[LayerSpec]:
+    """Per-layer (mixer, FFN) configs from a ``ModelConfig``'s patterns and the configs of each slot
+    (``model`` is not annotated as one: components/config.py imports this module)."""
     n = model.n_layers
     mixer_names = expand_pattern(model.mixer_plan, n, mixer_slots, "model.mixer_plan")
     ffn_names = expand_pattern(model.ffn_plan, n, ffn_slots, "model.ffn_plan")

@@ -12,7 +12,6 @@ only), so they need nothing.
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
@@ -25,6 +24,7 @@ from components.ffn.base import FFN
 from components.layer_plan import LayerSpec
 from components.mixers.base import Mixer
 from components.mtp import MTPDepth, mtp_losses, mtp_spec
+from components.nn.build_context import BuildContext
 from components.nn.recompute import checkpointed
 from components.nn.rmsnorm import RMSNorm
 from components.nn.segments import Segments
@@ -33,14 +33,14 @@ from components.residual.base import ResidualScheme
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: LayerSpec, d_model: int, norm_eps: float, init_std: float, out_init_std: float):
+    def __init__(self, spec: LayerSpec, ctx: BuildContext):
         super().__init__()
         self.index = spec.index
         self.spec = spec  # slots and component configs of this layer
-        self.mixer_norm = RMSNorm(d_model, norm_eps)
-        self.mixer: Mixer = MIXERS.build(spec.mixer, d_model, spec.index, init_std, out_init_std)
-        self.ffn_norm = RMSNorm(d_model, norm_eps)
-        self.ffn: FFN = FFNS.build(spec.ffn, d_model, spec.index, init_std, out_init_std)
+        self.mixer_norm = RMSNorm(ctx.d_model, ctx.norm_eps)
+        self.mixer: Mixer = MIXERS.build(spec.mixer, ctx)
+        self.ffn_norm = RMSNorm(ctx.d_model, ctx.norm_eps)
+        self.ffn: FFN = FFNS.build(spec.ffn, ctx)
         # recompute this layer's forward in backward instead of saving its activations (training only);
         # a plain attribute, so parameter and state-dict names stay the same
         self.activation_checkpointing = False
@@ -92,18 +92,16 @@ class Decoder(nn.Module):
         self.d_model = m.d_model
         self.vocab_size = m.vocab_size
         self.plan: list[LayerSpec] = cfg.layers
-        out_std = m.init_std / math.sqrt(2 * m.n_layers) if m.scale_residual_init else m.init_std
+        ctx = BuildContext.for_model(m)
         self.embed = nn.Embedding(m.vocab_size, m.d_model)
         nn.init.normal_(self.embed.weight, std=m.init_std)
-        self.layers = nn.ModuleList(
-            DecoderLayer(spec, m.d_model, m.norm_eps, m.init_std, out_std) for spec in self.plan
-        )
-        self.residual: ResidualScheme = RESIDUALS.build(cfg.residual, m.d_model, m.n_layers, m.norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(spec, ctx.at_layer(spec.index)) for spec in self.plan)
+        self.residual: ResidualScheme = RESIDUALS.build(cfg.residual, ctx)
         self.norm = RMSNorm(m.d_model, m.norm_eps)
         # training-only multi-token prediction depths (empty unless model.mtp_depth > 0)
         self.mtp = nn.ModuleList(
-            MTPDepth(mtp_spec(self.plan[-1], m.n_layers, k), m.d_model, m.norm_eps, m.init_std, out_std)
-            for k in range(1, m.mtp_depth + 1)
+            MTPDepth(spec, ctx.at_layer(spec.index))
+            for spec in (mtp_spec(self.plan[-1], m.n_layers, k) for k in range(1, m.mtp_depth + 1))
         )
         self.lm_head = nn.Linear(m.d_model, m.vocab_size, bias=False)
         if m.tie_embeddings:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from components.layer_plan import LayerSpec
+from components.nn.build_context import BuildContext
 from components.nn.rmsnorm import RMSNorm
 from components.nn.segments import Segments
 from components.objective import scored_loss_sum
@@ -39,16 +40,17 @@ from components.registry import FFNS, MIXERS
 class MTPDepth(nn.Module):
     """One MTP depth: two input norms, the 2d -> d projection, and one decoder block."""
 
-    def __init__(self, spec: LayerSpec, d_model: int, norm_eps: float, init_std: float, out_init_std: float):
+    def __init__(self, spec: LayerSpec, ctx: BuildContext):
         super().__init__()
+        d_model, norm_eps, init_std = ctx.d_model, ctx.norm_eps, ctx.init_std
         self.hidden_norm = RMSNorm(d_model, norm_eps)
         self.embed_norm = RMSNorm(d_model, norm_eps)
         self.proj = nn.Linear(2 * d_model, d_model, bias=False)
         nn.init.normal_(self.proj.weight, std=init_std)
         self.mixer_norm = RMSNorm(d_model, norm_eps)
-        self.mixer = MIXERS.build(spec.mixer, d_model, spec.index, init_std, out_init_std)
+        self.mixer = MIXERS.build(spec.mixer, ctx)
         self.ffn_norm = RMSNorm(d_model, norm_eps)
-        self.ffn = FFNS.build(spec.ffn, d_model, spec.index, init_std, out_init_std)
+        self.ffn = FFNS.build(spec.ffn, ctx)
 
     def forward(
         self, hidden: torch.Tensor, ahead_embedding: torch.Tensor, segments: Optional[Segments] = None

@@ -3,7 +3,7 @@
 Registering a component makes it selectable from the command line (``mixer=gqa``), gives it a typed
 Hydra schema (so ``mixer.n_kv_heads=two`` is refused), lists it in ``python -m components.catalog``, and
 puts it under the registry-driven tests (``tests/contracts/``). A member's config subclasses
-``components.config.ComponentConfig`` and its class subclasses the family's contract (``base`` below). A
+``components.base.ComponentConfig`` and its class subclasses the family's contract (``base`` below). A
 new component is one module that calls ``REGISTRY.register`` plus one YAML file in ``conf/<group>/``; the
 package imports every module of a family on first use, so nothing else needs editing.
 """
@@ -17,14 +17,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
-
-class ConfigError(ValueError):
-    """A composed configuration that cannot be built. ``key`` is the full dotted config key."""
-
-    def __init__(self, key: str, message: str):
-        self.key = key
-        self.message = message
-        super().__init__(f"{key}: {message}" if key else message)
+from components.base import ComponentConfig, ConfigError
 
 
 def closest(name: str, choices: list[str]) -> str | None:
@@ -72,18 +65,17 @@ class Registry:
             raise TypeError(f"{self.family} '{name}': config must be a dataclass, got {config_cls!r}")
         if "name" not in {f.name for f in dataclasses.fields(config_cls)}:
             raise TypeError(f"{self.family} '{name}': config dataclass needs a `name: str` field")
-        from components.config import ComponentConfig
-
         if not issubclass(config_cls, ComponentConfig):
             raise TypeError(
-                f"{self.family} '{name}': config {config_cls.__name__} must subclass components.config.ComponentConfig"
+                f"{self.family} '{name}': config {config_cls.__name__} must subclass components.base.ComponentConfig"
             )
 
         def decorator(cls: type) -> type:
             base = self.base_class()
             if base is not None and not (isinstance(cls, type) and issubclass(cls, base)):
                 raise TypeError(
-                    f"{self.family} '{name}': {getattr(cls, '__name__', cls)} must subclass {base.__module__}.{base.__name__} (the {self.family} contract)"
+                    f"{self.family} '{name}': {getattr(cls, '__name__', cls)} must subclass "
+                    f"{base.__module__}.{base.__name__} (the {self.family} contract)"
                 )
             if name in self._entries and self._entries[name].cls is not cls:
                 raise KeyError(f"{self.family} '{name}' is registered twice")

@@ -70,18 +70,11 @@ class LanguageModelModule(L.LightningModule):
         from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
         mesh = self.device_mesh["data_parallel"]
-        # fully_shard replaces parameters by sharded ones; carry the markers the optimizer reads
-        markers = {
-            name: p._no_weight_decay for name, p in self.model.named_parameters() if hasattr(p, "_no_weight_decay")
-        }
         for layer in self.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(self.model, mesh=mesh)  # embedding, head, final norm, residual-scheme weights
         register_fsdp_forward_method(self.model, "hidden_states")  # training calls it, not forward
         register_fsdp_forward_method(self.model, "mtp_losses")
-        for name, p in self.model.named_parameters():
-            if name in markers:
-                p._no_weight_decay = markers[name]
         self._set_hidden()  # the sharded model's hook-wrapped method
         self._sharded = True
 

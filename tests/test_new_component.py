@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
 
 from components.config import ComponentConfig
 from components.mixers.base import Mixer
+from components.nn.build_context import BuildContext
 from components.registry import MIXERS
 
 
@@ -38,11 +39,12 @@ class CausalShiftConfig(ComponentConfig):
 class CausalShift(Mixer):
     """Token shift: o_proj(m * x_t + (1 - m) * x_(t-1)), with a learned per-channel mix m."""
 
-    def __init__(self, cfg: CausalShiftConfig, d_model: int, layer_idx: int = 0, init_std: float = 0.02, out_init_std: Optional[float] = None):
-        super().__init__(cfg, d_model, layer_idx)
-        self.mix = nn.Parameter(torch.full((d_model,), 0.5))
-        self.o_proj = nn.Linear(d_model, d_model, bias=False)
-        nn.init.normal_(self.o_proj.weight, std=out_init_std or init_std)
+    def __init__(self, cfg: CausalShiftConfig, ctx: BuildContext):
+        super().__init__(cfg, ctx)
+        d = ctx.d_model
+        self.mix = nn.Parameter(torch.full((d,), 0.5))
+        self.o_proj = nn.Linear(d, d, bias=False)
+        nn.init.normal_(self.o_proj.weight, std=ctx.out_init_std or ctx.init_std)
 
     def new_cache(self, batch_size: int) -> Any:
         return SimpleNamespace(last=None)  # the previous token's input [B, 1, d]
@@ -113,9 +115,6 @@ class ScaledResidualConfig(ComponentConfig):
 class ScaledResidual(ResidualScheme):
     """Every sublayer adds a fixed fraction of its output to the running sum."""
 
-    def __init__(self, cfg: ScaledResidualConfig, d_model: int, n_layers: int, norm_eps: float = 1e-5):
-        super().__init__(cfg, d_model, n_layers)
-
     def start(self, x0):
         return x0
 
@@ -131,11 +130,18 @@ class ScaledResidual(ResidualScheme):
 
 NEW_FILES = {
     "components/mixers/causal_shift.py": MIXER,
-    "conf/mixer/causal_shift.yaml": "# Causal token shift (components/mixers/causal_shift.py).\ndefaults:\n  - causal_shift_schema\n  - _self_\n",
+    "conf/mixer/causal_shift.yaml": (
+        "# Causal token shift (components/mixers/causal_shift.py).\ndefaults:\n  - causal_shift_schema\n  - _self_\n"
+    ),
     "components/balancers/load_recorder.py": BALANCER,
-    "conf/balancer/load_recorder.yaml": "# Expert-load recorder (components/balancers/load_recorder.py).\ndefaults:\n  - load_recorder_schema\n  - _self_\n",
+    "conf/balancer/load_recorder.yaml": (
+        "# Expert-load recorder (components/balancers/load_recorder.py).\n"
+        "defaults:\n  - load_recorder_schema\n  - _self_\n"
+    ),
     "components/residual/scaled.py": RESIDUAL,
-    "conf/residual/scaled.yaml": "# Scaled residual updates (components/residual/scaled.py).\ndefaults:\n  - scaled_schema\n  - _self_\n",
+    "conf/residual/scaled.yaml": (
+        "# Scaled residual updates (components/residual/scaled.py).\ndefaults:\n  - scaled_schema\n  - _self_\n"
+    ),
 }
 NEW_NAMES = ("causal_shift", "load_recorder", "scaled")
 

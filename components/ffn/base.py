@@ -13,7 +13,7 @@ from components.nn.sublayer import Sublayer
 class FFN(Sublayer):
     """Base class of every registered FFN (``FFNS.register``): ``forward(x [B, T, d]) -> [B, T, d]``.
 
-    Constructor: ``FFN(cfg, d_model, layer_idx, init_std, out_init_std)``.
+    Constructor: ``FFN(cfg, ctx)`` with ``ctx`` a ``components.nn.build_context.BuildContext`` (as for mixers).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch import nn
 
 from components.config import ComponentConfig
 from components.ffn.base import FFN
+from components.nn.build_context import INIT_STD, BuildContext
 from components.ops.activations import GLU_ACTIVATIONS, glu_activation
 from components.ops.backend import allowed_backends
 from components.registry import FFNS, ConfigError
@@ -96,7 +97,7 @@ class GLUMLP(GLUProjections, nn.Module):
     """A GLU MLP as a building block (MoE shared experts)."""
 
     def __init__(
-        self, d_model: int, hidden_dim: int, act: Any, init_std: float = 0.02, out_init_std: Optional[float] = None
+        self, d_model: int, hidden_dim: int, act: Any, init_std: float = INIT_STD, out_init_std: Optional[float] = None
     ):
         nn.Module.__init__(self)
         self._build_glu(d_model, hidden_dim, act, init_std, out_init_std)
@@ -109,12 +110,10 @@ class DenseFFN(GLUProjections, FFN):
     def __init__(
         self,
         cfg: DenseFFNConfig,
-        d_model: int,
-        layer_idx: int = 0,
-        init_std: float = 0.02,
-        out_init_std: Optional[float] = None,
+        ctx: BuildContext,
     ):
-        FFN.__init__(self, cfg, d_model, layer_idx)
+        FFN.__init__(self, cfg, ctx)
+        d_model = ctx.d_model
         self._build_glu(
-            d_model, cfg.hidden_dim or default_hidden_dim(d_model), cfg.activation_fn(), init_std, out_init_std
+            d_model, cfg.hidden_dim or default_hidden_dim(d_model), cfg.activation_fn(), ctx.init_std, ctx.out_init_std
         )

@@ -23,7 +23,8 @@ choices (an index write with unique positions: deterministic, no atomics). Backe
   Blackwell, it has open reports of wrong gradients for experts that receive no tokens, so ``auto`` runs
   ``padded_bmm`` there; see ``auto_dispatch``). An explicit ``dispatch=grouped_mm`` is always honoured.
 * ``blocked``: every expert's rows padded to a multiple of a block (``block_rows``: up to 256 rows) and
-  laid out as ``[nb, block, d_in]`` blocks, each block multiplied by its expert's matrices (``bmm`` over the blocks, the weights
+  laid out as ``[nb, block, d_in]`` blocks, each block multiplied by its expert's matrices (``bmm`` over
+  the blocks, the weights
   gathered per block). ``nb`` has a fixed upper bound, ``ceil(N*k / block) + E``, so every shape is
   static whatever the routing: no host read, nothing data-sized, and the whole expert computation
   (activation included) compiles inside the layer's graph. Padding wastes fewer than ``E * block`` rows
@@ -47,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components.nn.build_context import INIT_STD
 from components.nn.eager_island import eager_island
 from components.nn.matrix_layout import HasMatrixLayouts, MatrixLayout
 
@@ -372,7 +374,7 @@ class RoutedExperts(HasMatrixLayouts):
         d_in: int,
         hidden_dim: int,
         act: Any,
-        init_std: float = 0.02,
+        init_std: float = INIT_STD,
         out_init_std: Optional[float] = None,
         capacity_factor: Optional[float] = None,
         dispatch: str = "auto",

@@ -29,6 +29,7 @@ from components.ffn.base import FFN
 from components.ffn.dense import GLUMLP, GLUActivationConfig
 from components.ffn.experts import DISPATCH_CHOICES, RoutedExperts
 from components.ffn.router import ROUTER_ACTIVATIONS, Router
+from components.nn.build_context import BuildContext
 from components.nn.rmsnorm import RMSNorm
 from components.registry import FFNS, ConfigError
 
@@ -50,7 +51,8 @@ class MoEFFNConfig(GLUActivationConfig):
     routed_scaling_factor: float = 1.0
     # None: dropless; else each expert takes at most ceil(capacity_factor * tokens * top_k / num_experts)
     capacity_factor: Optional[float] = None
-    # expert dispatch backend: auto (grouped_mm where it applies and is trusted, else blocked), grouped_mm, blocked, padded_bmm, loop
+    # expert dispatch backend: auto (grouped_mm where it applies and is trusted, else blocked), grouped_mm,
+    # blocked, padded_bmm, loop
     dispatch: str = "auto"
 
     def validate(self, model: Any, key: str) -> None:
@@ -108,17 +110,16 @@ class MoEFFN(FFN):
 
     latent = False
     stable = False
-    compile_friendly = False  # the router's balancing statistics (and data-sized expert dispatches) are eager islands: compiled per layer
+    # the router's balancing statistics (and data-sized expert dispatches) are eager islands: compiled per layer
+    compile_friendly = False
 
     def __init__(
         self,
         cfg: MoEFFNConfig,
-        d_model: int,
-        layer_idx: int = 0,
-        init_std: float = 0.02,
-        out_init_std: Optional[float] = None,
+        ctx: BuildContext,
     ):
-        super().__init__(cfg, d_model, layer_idx)
+        super().__init__(cfg, ctx)
+        d_model, init_std, out_init_std = ctx.d_model, ctx.init_std, ctx.out_init_std
         out_std = out_init_std or init_std
         act = cfg.activation_fn()
         d_e = cfg.resolved_latent_dim(d_model) if self.latent else d_model
@@ -130,7 +131,7 @@ class MoEFFN(FFN):
             cfg.renormalize,
             cfg.routed_scaling_factor,
             init_std,
-            layer_idx,
+            ctx.layer_idx,
         )
         if self.latent:
             self.routed_expert_down_proj = nn.Linear(d_model, d_e, bias=False)

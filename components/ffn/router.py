@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components.nn.build_context import INIT_STD
 from components.nn.eager_island import eager_island
 from components.nn.recompute import recomputing
 
@@ -79,7 +80,7 @@ class Router(nn.Module):
         activation: str = "sigmoid",
         renormalize: bool = True,
         routed_scaling_factor: float = 1.0,
-        init_std: float = 0.02,
+        init_std: float = INIT_STD,
         layer_idx: int = 0,
     ):
         super().__init__()

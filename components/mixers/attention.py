@@ -16,6 +16,7 @@ from torch import nn
 
 from components.config import ComponentConfig
 from components.mixers.base import Mixer
+from components.nn.build_context import BuildContext
 from components.nn.matrix_layout import MatrixLayout
 from components.nn.rope import apply_rope, rope_cos_sin
 from components.nn.segments import Segments
@@ -110,12 +111,10 @@ class Attention(Mixer):
     def __init__(
         self,
         cfg: AttentionConfig,
-        d_model: int,
-        layer_idx: int = 0,
-        init_std: float = 0.02,
-        out_init_std: Optional[float] = None,
+        ctx: BuildContext,
     ):
-        super().__init__(cfg, d_model, layer_idx)
+        super().__init__(cfg, ctx)
+        d_model, init_std, out_init_std = ctx.d_model, ctx.init_std, ctx.out_init_std
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.kv_heads()
         self.head_dim = cfg.head_size(d_model)

@@ -27,8 +27,9 @@ from components.nn.sublayer import Sublayer
 class Mixer(Sublayer):
     """Base class of every registered mixer (``MIXERS.register``).
 
-    Constructor: ``Mixer(cfg, d_model, layer_idx, init_std, out_init_std)``; ``out_init_std`` is the
-    init scale of the projection that writes the residual stream (None: ``init_std``).
+    Constructor: ``Mixer(cfg, ctx)`` with ``ctx`` a ``components.nn.build_context.BuildContext``
+    (``d_model``, ``layer_idx``, ``init_std``, ``out_init_std``: the init scale of the projection that
+    writes the residual stream, None: ``init_std``; ``norm_eps``).
     """
 
     def forward(

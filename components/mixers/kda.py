@@ -26,6 +26,7 @@ from torch import nn
 
 from components.config import ComponentConfig
 from components.mixers.base import Mixer
+from components.nn.build_context import NORM_EPS, BuildContext
 from components.nn.matrix_layout import MatrixLayout
 from components.nn.rmsnorm import rms_norm
 from components.nn.segments import Segments
@@ -50,7 +51,7 @@ class KDAConfig(ComponentConfig):
     gate_lower_bound: Optional[float] = -5.0
     # output gate: one d -> H*V matrix (K3) or the low-rank pair d -> head_dim -> H*V (Kimi Linear)
     full_rank_gate: bool = True
-    norm_eps: float = 1e-5
+    norm_eps: float = NORM_EPS
     # A_log at initialisation (sources disagree, docs/k3.md §9): zero (exp(A_log) = 1; fla's safe-gate
     # init, the K3 report as quoted), log_uniform (log U[1, 16]: the public constructors, Kimi Linear), or
     # auto (zero for the lower-bound gate, log_uniform for the softplus gate)
@@ -151,12 +152,10 @@ class KimiDeltaAttention(Mixer):
     def __init__(
         self,
         cfg: KDAConfig,
-        d_model: int,
-        layer_idx: int = 0,
-        init_std: float = 0.02,
-        out_init_std: Optional[float] = None,
+        ctx: BuildContext,
     ):
-        super().__init__(cfg, d_model, layer_idx)
+        super().__init__(cfg, ctx)
+        d_model, init_std, out_init_std = ctx.d_model, ctx.init_std, ctx.out_init_std
         H, K = cfg.n_heads, cfg.head_dim
         P = H * K
         self.n_heads, self.head_dim = H, K
@@ -177,12 +176,13 @@ class KimiDeltaAttention(Mixer):
         self.o_norm = nn.Module()
         self.o_norm.weight = nn.Parameter(torch.ones(K))
         self.o_proj = nn.Linear(P, d_model, bias=False)
-        # decay parameters stay fp32 and out of weight decay
+        # decay parameters stay fp32 and out of weight decay (no_weight_decay)
         self.A_log = nn.Parameter(torch.empty(H, dtype=torch.float32))
         self.dt_bias = nn.Parameter(torch.empty(P, dtype=torch.float32))
-        for p in (self.A_log, self.dt_bias):
-            p._no_weight_decay = True
         self.reset_parameters(init_std, out_init_std or init_std)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"A_log", "dt_bias"}
 
     def muon_layouts(self) -> dict[str, MatrixLayout]:
         """Per-head blocks of the head-indexed projections; f_a_proj, g_a_proj and b_proj are shared by

@@ -26,6 +26,7 @@ from torch import nn
 
 from components.config import ComponentConfig
 from components.mixers.base import Mixer
+from components.nn.build_context import BuildContext
 from components.nn.matrix_layout import MatrixLayout
 from components.nn.rmsnorm import RMSNorm
 from components.nn.rope import apply_rope, rope_cos_sin
@@ -109,12 +110,10 @@ class MLA(Mixer):
     def __init__(
         self,
         cfg: MLAConfig,
-        d_model: int,
-        layer_idx: int = 0,
-        init_std: float = 0.02,
-        out_init_std: Optional[float] = None,
+        ctx: BuildContext,
     ):
-        super().__init__(cfg, d_model, layer_idx)
+        super().__init__(cfg, ctx)
+        d_model, init_std, out_init_std = ctx.d_model, ctx.init_std, ctx.out_init_std
         self.n_heads = H = cfg.n_heads
         self.kv_lora_rank = r = cfg.kv_lora_rank
         self.nope_dim = cfg.qk_nope_head_dim

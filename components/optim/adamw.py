@@ -24,5 +24,8 @@ class AdamWConfig(OptimizerConfig):
 )
 def build_adamw(cfg: AdamWConfig, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
-        adamw_param_groups(unique_trainable(model), cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps
+        adamw_param_groups(model, unique_trainable(model), cfg.weight_decay),
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
     )

@@ -242,7 +242,7 @@ class MuonConfig(OptimizerConfig):
 )
 def build_muon(cfg: MuonConfig, model: nn.Module) -> Muon:
     muon, adamw = muon_partition(model, cfg.per_head, cfg.per_head_scope)
-    groups = adamw_param_groups(adamw, cfg.weight_decay)
+    groups = adamw_param_groups(model, adamw, cfg.weight_decay)
     if muon:
         groups.insert(
             0,

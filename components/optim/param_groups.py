@@ -1,7 +1,7 @@
 """Which parameter goes to which optimizer, with which weight decay.
 
-AdamW: every parameter; decoupled weight decay on matrices (2-D and up) except those a module marks
-``_no_weight_decay`` (KDA's decay parameters, AttnRes queries); never on norm gains or biases.
+AdamW: every parameter; decoupled weight decay on matrices (2-D and up) except those a module declares in
+``no_weight_decay()`` (KDA's decay parameters, AttnRes queries); never on norm gains or biases.
 
 Muon (Moonlight partition, docs/k3.md §8.1): hidden matrices -- every 2-D weight with both sides > 1,
 and the stacked matrices a module declares in ``muon_layouts()`` (expert weights) -- go to Muon; the
@@ -15,14 +15,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from components.nn.matrix_layout import HasMatrixLayouts, MatrixLayout
+from components.nn.weight_decay import HasNoWeightDecay
 
 
-def _decays(p: torch.Tensor) -> bool:
-    return p.ndim >= 2 and not getattr(p, "_no_weight_decay", False)
+def declared_no_decay(model: nn.Module) -> set[str]:
+    """Full names of the parameters every module of ``model`` keeps out of weight decay (``no_weight_decay()``)."""
+    out: set[str] = set()
+    for prefix, module in model.named_modules():
+        if isinstance(module, HasNoWeightDecay):
+            out.update(f"{prefix}.{local}" if prefix else local for local in module.no_weight_decay())
+    return out
 
 
 def unique_trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -35,9 +40,14 @@ def unique_trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return out
 
 
-def adamw_param_groups(params: list[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict[str, Any]]:
-    decay = [p for _, p in params if _decays(p)]
-    no_decay = [p for _, p in params if not _decays(p)]
+def adamw_param_groups(
+    model: nn.Module, params: list[tuple[str, nn.Parameter]], weight_decay: float
+) -> list[dict[str, Any]]:
+    """A decayed and a not-decayed group of ``params`` (named as in ``model.named_parameters()``)."""
+    skip = declared_no_decay(model)
+    decays = {name: p.ndim >= 2 and name not in skip for name, p in params}
+    decay = [p for name, p in params if decays[name]]
+    no_decay = [p for name, p in params if not decays[name]]
     return [
         g
         for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0})

@@ -52,6 +52,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from components.config import ComponentConfig
+from components.nn.build_context import BuildContext
 from components.nn.rmsnorm import RMSNorm
 from components.ops.attnres import attnres_read
 from components.ops.backend import allowed_backends
@@ -123,8 +124,9 @@ def sublayer_label(s: ReadKey) -> str:
 class _AttnResBase(ResidualScheme):
     """Parameters, the read, and depth-weight recording shared by the two schemes."""
 
-    def __init__(self, cfg: Any, d_model: int, n_layers: int, norm_eps: float = 1e-5):
-        super().__init__(cfg, d_model, n_layers)
+    def __init__(self, cfg: Any, ctx: BuildContext):
+        super().__init__(cfg, ctx)
+        d_model, n_layers = ctx.d_model, ctx.n_layers
         self.eps = cfg.eps
         self.backend = cfg.backend
 
@@ -139,7 +141,6 @@ class _AttnResBase(ResidualScheme):
         self.mlp_res_norm = nn.ModuleList(RMSNorm(d_model, self.eps) for _ in range(n_layers))
         self.output_attn_res_proj = query()
         self.output_attn_res_norm = RMSNorm(d_model, self.eps)
-        self._mark_no_weight_decay()
 
         self._weight_sums: dict[ReadKey, torch.Tensor] = {}
         self._weight_counts: dict[ReadKey, int] = {}
@@ -148,19 +149,10 @@ class _AttnResBase(ResidualScheme):
     def _queries(self) -> list[nn.Parameter]:
         return [*self.self_attention_res_proj, *self.mlp_res_proj, self.output_attn_res_proj]
 
-    def _mark_no_weight_decay(self) -> None:
-        # decaying a pseudo-query pulls the depth mix back to uniform; the trainer's grouping reads this
-        for p in self._queries():
-            p._no_weight_decay = True
-
-    def _apply(self, fn, recurse=True):
-        out = super()._apply(fn, recurse)
-        self._mark_no_weight_decay()  # conversions may hand back new Parameter objects
-        return out
-
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        self._mark_no_weight_decay()  # deepcopy re-creates Parameters without their attributes
+    def no_weight_decay(self) -> set[str]:
+        # decaying a pseudo-query pulls the depth mix back to uniform
+        per_layer = ("self_attention_res_proj", "mlp_res_proj")
+        return {f"{group}.{i}" for group in per_layer for i in range(self.n_layers)} | {"output_attn_res_proj"}
 
     def _params_for(self, key: ReadKey) -> tuple[nn.Parameter, torch.Tensor]:
         if key == "final":
@@ -288,11 +280,11 @@ class BlockState(NamedTuple):
 class BlockAttnRes(_AttnResBase):
     """Block AttnRes (K3): reads attend over the embedding, completed block sums and the current partial sum."""
 
-    def __init__(self, cfg: BlockAttnResConfig, d_model: int, n_layers: int, norm_eps: float = 1e-5):
-        super().__init__(cfg, d_model, n_layers, norm_eps)
+    def __init__(self, cfg: BlockAttnResConfig, ctx: BuildContext):
+        super().__init__(cfg, ctx)
         self.block_sublayers = cfg.sublayers_per_block()
         # summaries kept at the final read: the embedding plus every block started before the last one
-        self.n_blocks = (2 * n_layers - 1) // self.block_sublayers + 1
+        self.n_blocks = (2 * ctx.n_layers - 1) // self.block_sublayers + 1
 
     def start(self, x0: torch.Tensor) -> BlockState:
         return BlockState((), x0)

@@ -20,18 +20,22 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from components.nn.build_context import BuildContext
+from components.nn.weight_decay import HasNoWeightDecay
 
-class ResidualScheme(nn.Module):
+
+class ResidualScheme(HasNoWeightDecay):
     """Base class of every registered residual scheme (``RESIDUALS.register``).
 
-    Constructor: ``Scheme(cfg, d_model, n_layers, norm_eps)``.
+    Constructor: ``Scheme(cfg, ctx)`` with ``ctx`` a ``components.nn.build_context.BuildContext`` (the
+    scheme reads ``d_model``, ``n_layers`` and ``norm_eps``; it is built once for the whole depth).
     """
 
-    def __init__(self, cfg: Any, d_model: int, n_layers: int):
+    def __init__(self, cfg: Any, ctx: BuildContext):
         super().__init__()
         self.cfg = cfg
-        self.d_model = d_model
-        self.n_layers = n_layers
+        self.d_model = ctx.d_model
+        self.n_layers = ctx.n_layers
         # set by the depth-weight callback around validation; schemes without depth weights ignore it
         self.record_weights = False
 

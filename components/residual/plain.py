@@ -22,9 +22,6 @@ class PlainResidualConfig(ComponentConfig):
 class PlainResidual(ResidualScheme):
     """Pre-norm residual: every sublayer adds its output to one running sum."""
 
-    def __init__(self, cfg: PlainResidualConfig, d_model: int, n_layers: int, norm_eps: float = 1e-5):
-        super().__init__(cfg, d_model, n_layers)
-
     def start(self, x0: torch.Tensor) -> torch.Tensor:
         return x0
 

@@ -1,9 +1,11 @@
-"""MoE FFNs: K3 parameter names/shapes/counts (docs/k3.md §1.3, 4.2, 4.3), Stable LatentMoE scale invariance (10.10 item 9)."""
+"""MoE FFNs: K3 parameter names/shapes/counts (docs/k3.md §1.3, 4.2, 4.3), Stable LatentMoE scale invariance
+(10.10 item 9)."""
 
 import pytest
 import torch
 
 from components.ffn.moe import LatentMoEConfig, MoEFFNConfig, StableLatentMoEConfig
+from components.nn.build_context import BuildContext
 from components.registry import FFNS, ConfigError
 from runtime.config import validate
 from runtime.launch import compose, strip_hydra
@@ -13,7 +15,7 @@ VARIANTS = [MoEFFNConfig, LatentMoEConfig, StableLatentMoEConfig]
 
 def _build(cfg, d=64, seed=0, **kw):
     torch.manual_seed(seed)
-    return FFNS.build(cfg, d, 1, 0.02, 0.01, **kw)
+    return FFNS.build(cfg, BuildContext(d, layer_idx=1, out_init_std=0.01), **kw)
 
 
 @pytest.mark.parametrize("cfg_cls", VARIANTS)
@@ -59,7 +61,7 @@ def test_k3_sized_stable_latent_moe_on_meta():
         num_experts=896, top_k=16, expert_hidden_dim=3072, latent_dim=3584, num_shared_experts=2
     )
     with torch.device("meta"):
-        ffn = FFNS.build(cfg, 7168, 1, 0.02, 0.02)
+        ffn = FFNS.build(cfg, BuildContext(7168, layer_idx=1, out_init_std=0.02))
     shapes = {k: tuple(v.shape) for k, v in ffn.state_dict().items()}
     assert shapes == {
         "gate.weight": (896, 7168),

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from components.mixers.attention import Attention, GQAConfig, MHAConfig, MQAConfig
+from components.nn.build_context import BuildContext
 
 
 def reference(m: Attention, x: torch.Tensor) -> torch.Tensor:
@@ -48,7 +49,7 @@ def reference(m: Attention, x: torch.Tensor) -> torch.Tensor:
 )
 def test_matches_reference(cfg):
     torch.manual_seed(0)
-    m = Attention(cfg, 48).double()
+    m = Attention(cfg, BuildContext(48)).double()
     x = torch.randn(2, 13, 48, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(m(x), reference(m, x), rtol=1e-10, atol=1e-10)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from components.nn.build_context import BuildContext
 from components.nn.segments import Segments
 from components.ops.kda import chunk_kda, kda_gate, l2norm, recurrent_kda
 from components.registry import MIXERS
@@ -287,7 +288,7 @@ def test_kda_fla_varlen_matches_torch_on_gpu():
     from components.mixers.kda import KDAConfig, KimiDeltaAttention
 
     torch.manual_seed(0)
-    mixer = KimiDeltaAttention(KDAConfig(n_heads=3, head_dim=16, backend="torch"), 48).cuda()
+    mixer = KimiDeltaAttention(KDAConfig(n_heads=3, head_dim=16, backend="torch"), BuildContext(48)).cuda()
     x = torch.randn(2, 300, 48, device="cuda")
     segments = Segments(cuts_to_ids(300, [[5, 7, 150, 299], [64, 65, 200]]).cuda())
     results = {}

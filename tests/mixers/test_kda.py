@@ -10,13 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from components.mixers.kda import KDACache, KDAConfig, KimiDeltaAttention
+from components.nn.build_context import BuildContext
 from components.registry import ConfigError
 
 
 def make(d_model=48, dtype=torch.float64, **kw) -> KimiDeltaAttention:
     torch.manual_seed(0)
     cfg = KDAConfig(**{"n_heads": 3, "head_dim": 8, "backend": "torch", **kw})
-    m = KimiDeltaAttention(cfg, d_model).to(dtype)
+    m = KimiDeltaAttention(cfg, BuildContext(d_model)).to(dtype)
     with torch.no_grad():
         m.o_norm.weight.add_(0.1 * torch.randn_like(m.o_norm.weight))
         m.A_log.add_(0.3 * torch.randn_like(m.A_log))
@@ -44,7 +45,8 @@ K3_SHAPES = {
 def test_k3_parameter_names_shapes_and_count():
     with torch.device("meta"):
         m = KimiDeltaAttention(
-            KDAConfig(n_heads=96, head_dim=128, conv_size=4, gate_lower_bound=-5.0, full_rank_gate=True), 7168
+            KDAConfig(n_heads=96, head_dim=128, conv_size=4, gate_lower_bound=-5.0, full_rank_gate=True),
+            BuildContext(7168),
         )
     shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
     assert shapes == K3_SHAPES
@@ -187,12 +189,16 @@ def test_runs_under_bf16_autocast():
 )
 def test_a_log_and_dt_bias_initialisation_options(a_log_init, gate, expect_zero):
     torch.manual_seed(0)
-    layer = KimiDeltaAttention(KDAConfig(n_heads=8, head_dim=16, gate_lower_bound=gate, a_log_init=a_log_init), 64)
+    layer = KimiDeltaAttention(
+        KDAConfig(n_heads=8, head_dim=16, gate_lower_bound=gate, a_log_init=a_log_init), BuildContext(64)
+    )
     if expect_zero:
         assert torch.equal(layer.A_log, torch.zeros_like(layer.A_log))
     else:  # log U[1, 16]
         assert bool((layer.A_log >= 0).all() and (layer.A_log <= math.log(16)).all()) and layer.A_log.std() > 0
     dt = torch.nn.functional.softplus(layer.dt_bias)  # the default stores dt's inverse softplus
     assert bool((dt >= 1e-3 - 1e-6).all() and (dt <= 0.1 + 1e-6).all())
-    zero = KimiDeltaAttention(KDAConfig(n_heads=8, head_dim=16, gate_lower_bound=gate, dt_bias_init="zero"), 64)
+    zero = KimiDeltaAttention(
+        KDAConfig(n_heads=8, head_dim=16, gate_lower_bound=gate, dt_bias_init="zero"), BuildContext(64)
+    )
     assert torch.equal(zero.dt_bias, torch.zeros_like(zero.dt_bias))

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from components.mixers.mla import MLA, MLACache, MLAConfig
+from components.nn.build_context import BuildContext
 from components.registry import ConfigError
 
 D = 40  # deliberately not a multiple of any head dim
@@ -17,7 +18,7 @@ TIGHT = dict(rtol=0, atol=1e-12)
 def _mla(seed=0, dtype=torch.float64, **overrides):
     """A small MLA with weights large enough for peaked softmaxes and non-unit norm gains."""
     torch.manual_seed(seed)
-    m = MLA(MLAConfig(**{**SMALL, **overrides}), D, layer_idx=0, init_std=0.3, out_init_std=0.3)
+    m = MLA(MLAConfig(**{**SMALL, **overrides}), BuildContext(D, layer_idx=0, init_std=0.3, out_init_std=0.3))
     with torch.no_grad():
         for name, p in m.named_parameters():
             if name.endswith("layernorm.weight"):
@@ -117,7 +118,7 @@ K3 = dict(
 
 def _k3_meta(**overrides):
     with torch.device("meta"):
-        return MLA(MLAConfig(**{**K3, **overrides}), 7168, layer_idx=3)
+        return MLA(MLAConfig(**{**K3, **overrides}), BuildContext(7168, layer_idx=3))
 
 
 def test_k3_parameter_names_shapes_and_count():

@@ -1,4 +1,5 @@
-"""AttnRes residual schemes (docs/k3.md §7.1-7.3, 10.10 item 10): wiring, source counts, memory, decoder, diagnostics."""
+"""AttnRes residual schemes (docs/k3.md §7.1-7.3, 10.10 item 10): wiring, source counts, memory, decoder,
+diagnostics."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 import components.residual.attnres as attnres_mod
 from components.model import Decoder
+from components.nn.build_context import BuildContext
 from components.ops.attnres import attnres_read_reference
 from components.optim.param_groups import adamw_param_groups, unique_trainable
 from components.registry import ConfigError
@@ -38,9 +40,11 @@ def make_scheme(
     unit: str = "layers",
 ):
     if kind == "full":
-        scheme = FullAttnRes(FullAttnResConfig(), d, n_layers, EPS)
+        scheme = FullAttnRes(FullAttnResConfig(), BuildContext(d, n_layers=n_layers, norm_eps=EPS))
     else:
-        scheme = BlockAttnRes(BlockAttnResConfig(block_size=block_size, block_unit=unit), d, n_layers, EPS)
+        scheme = BlockAttnRes(
+            BlockAttnResConfig(block_size=block_size, block_unit=unit), BuildContext(d, n_layers=n_layers, norm_eps=EPS)
+        )
     scheme = scheme.double()
     if random_params:
         g = torch.Generator().manual_seed(seed)
@@ -253,7 +257,7 @@ def k3_expected_counts(n_layers=93, block_size=12):
 
 def test_k3_source_counts_on_the_93_layer_plan(monkeypatch):
     d, n_layers = 8, 93
-    scheme = BlockAttnRes(BlockAttnResConfig(block_size=12), d, n_layers, EPS)
+    scheme = BlockAttnRes(BlockAttnResConfig(block_size=12), BuildContext(d, n_layers=n_layers, norm_eps=EPS))
     seen = []
     real = attnres_mod.attnres_read
 
@@ -283,7 +287,7 @@ def test_k3_source_counts_on_the_93_layer_plan(monkeypatch):
 
 
 def test_full_source_counts_grow_by_one_per_sublayer():
-    scheme = FullAttnRes(FullAttnResConfig(), 8, 4, EPS)
+    scheme = FullAttnRes(FullAttnResConfig(), BuildContext(8, n_layers=4, norm_eps=EPS))
     assert scheme.sources_per_read() == [(s, s + 1) for s in range(8)] + [("final", 9)]
 
 
@@ -392,9 +396,9 @@ def test_decoder_runs_under_bf16_autocast(residual):
 def test_pseudo_queries_are_excluded_from_weight_decay():
     model = build_model("model=tiny", "residual=block_attnres")
     for m in (model, copy.deepcopy(model), copy.deepcopy(model).double()):
-        decay_ids = {id(p) for p in adamw_param_groups(unique_trainable(m), 0.1)[0]["params"]}
+        decay_ids = {id(p) for p in adamw_param_groups(m, unique_trainable(m), 0.1)[0]["params"]}
         for q in m.residual._queries():
-            assert q._no_weight_decay is True and id(q) not in decay_ids
+            assert id(q) not in decay_ids
 
 
 # ---------------------------------------------------------------- config
