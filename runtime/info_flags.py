@@ -52,8 +52,8 @@ def overrides_of(argv: list[str]) -> list[str]:
 
 def completed_config(overrides: list[str]) -> DictConfig:
     """The composed config (with its ``hydra`` node) and the chosen dataset's own fields filled in."""
-    from runtime.config import complete_data
     from runtime.launch import compose
+    from runtime.validation import complete_data
 
     cfg = compose(overrides)
     complete_data(cfg)

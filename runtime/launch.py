@@ -100,7 +100,7 @@ def strip_hydra(cfg: DictConfig) -> DictConfig:
 
 def validate_overrides(overrides: list[str]) -> Any:
     """Compose and validate one job; returns the typed RootConfig."""
-    from runtime.config import validate
+    from runtime.validation import validate
 
     return validate(strip_hydra(compose(overrides)))
 

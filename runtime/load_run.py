@@ -23,18 +23,10 @@ from components.data.text.tokenizers import TextTokenizer
 from components.model import Decoder
 from components.registry import FAMILIES
 from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
-from runtime.config import LoggerConfig, RootConfig, TrainerConfig
+from runtime.config import COMPONENT_KEYS, LoggerConfig, RootConfig, TrainerConfig
 
 CONFIG_KEY = "run_config"
 MODULE_PREFIX = "model."  # the training module holds the decoder as .model
-_COMPONENTS = {
-    "mixer": "mixer",
-    "ffn": "ffn",
-    "residual": "residual",
-    "balancer": "balancer",
-    "data": "data",
-    "optimizer": "optimizer",
-}
 
 
 class RunLoadError(ValueError):
@@ -49,8 +41,8 @@ def config_from_container(data: dict) -> RootConfig:
     """The typed ``RootConfig`` of ``runtime.config.to_container``'s plain dict: each component under its
     registered schema (no file checks: the data need not exist where the model is loaded)."""
     fields: dict[str, Any] = {}
-    for key, group in _COMPONENTS.items():
-        fields[key] = _typed(FAMILIES[group].get(data[key]["name"], key=f"{key}.name").config_cls, data[key])
+    for key in COMPONENT_KEYS:
+        fields[key] = _typed(FAMILIES[key].get(data[key]["name"], key=f"{key}.name").config_cls, data[key])
     fields["mixers"] = {
         slot: _typed(FAMILIES["mixer"].get(n["name"]).config_cls, n) for slot, n in (data.get("mixers") or {}).items()
     }

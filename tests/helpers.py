@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 
 from components.model import Decoder
-from runtime.config import RootConfig, validate
+from runtime.config import RootConfig
 from runtime.launch import compose, strip_hydra
+from runtime.validation import validate
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"

@@ -1,15 +1,30 @@
-"""Fields and checks every optimizer config shares: learning rate, AdamW moments, weight decay, schedule.
+"""The optimizer contract: what the training module, the checkpoints and the tests may rely on.
 
 Optimizers are a registry family (``optimizer=adamw``, ``optimizer=muon``): each member is one module
 with its own config dataclass (subclassing ``OptimizerConfig``) and a factory
-``build(cfg, model) -> torch.optim.Optimizer`` registered with ``OPTIMIZERS``. A field one optimizer
-does not have is an unknown key for it (``optimizer=adamw optimizer.ns_steps=5`` is refused).
+``build(cfg, model) -> torch.optim.Optimizer`` (:class:`OptimizerFactory`) registered with
+``OPTIMIZERS``. A field one optimizer does not have is an unknown key for it
+(``optimizer=adamw optimizer.ns_steps=5`` is refused).
+
+What the factory returns, every member alike (tests/contracts/test_optimizers.py checks each one):
+
+* a ``torch.optim.Optimizer`` over every trainable parameter of the model exactly once (tied weights
+  once), starting at ``cfg.lr`` in every parameter group, so one learning-rate schedule (a
+  ``LambdaLR`` over all groups) drives it;
+* weight decay as ``components/optim/param_groups.py`` decides: ``cfg.weight_decay`` on the parameters
+  it decays (matrices not marked ``_no_weight_decay``), 0 on the rest, stated per parameter group;
+* a ``state_dict`` that loads into a freshly built optimizer of the same config and model (plain
+  tensors and numbers, readable with ``torch.load(weights_only=True)``), after which training goes on
+  exactly as without the round trip: checkpoints resume and branch through it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+import torch
+from torch import nn
 
 from components.config import ComponentConfig
 from components.optim.schedule import DECAY_SHAPES, SCHEDULES
@@ -51,3 +66,9 @@ class OptimizerConfig(ComponentConfig):
             raise ConfigError(
                 f"{key}.decay_shape", f"'{self.decay_shape}' is not allowed; choose one of {', '.join(DECAY_SHAPES)}"
             )
+
+
+class OptimizerFactory(Protocol):
+    """A registered optimizer: ``OPTIMIZERS.register(name, ConfigCls, summary)(build)``."""
+
+    def __call__(self, cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer: ...

@@ -21,7 +21,8 @@ from torch import nn
 from components.nn.matrix_layout import HasMatrixLayouts, MatrixLayout
 
 
-def _decays(p: torch.Tensor) -> bool:
+def decays(p: torch.Tensor) -> bool:
+    """Whether AdamW-style decoupled weight decay applies to ``p``: matrices not marked ``_no_weight_decay``."""
     return p.ndim >= 2 and not getattr(p, "_no_weight_decay", False)
 
 
@@ -36,8 +37,8 @@ def unique_trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def adamw_param_groups(params: list[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict[str, Any]]:
-    decay = [p for _, p in params if _decays(p)]
-    no_decay = [p for _, p in params if not _decays(p)]
+    decay = [p for _, p in params if decays(p)]
+    no_decay = [p for _, p in params if not decays(p)]
     return [
         g
         for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0})

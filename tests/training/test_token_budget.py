@@ -12,8 +12,8 @@ import pytest
 
 from components.optim.schedule import lr_lambda
 from components.registry import ConfigError
-from runtime.config import describe_length, training_steps
 from runtime.jsonl_logger import read_metrics
+from runtime.token_budget import describe_length, training_steps
 from tests.helpers import compose_root, run_train
 
 FAST = [
