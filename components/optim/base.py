@@ -11,6 +11,8 @@ What the factory returns, every member alike (tests/contracts/test_optimizers.py
 * a ``torch.optim.Optimizer`` over every trainable parameter of the model exactly once (tied weights
   once), starting at ``cfg.lr`` in every parameter group, so one learning-rate schedule (a
   ``LambdaLR`` over all groups) drives it;
+* ``step(closure)`` that calls the closure (forward and backward: Lightning's training step) and
+  returns its loss;
 * weight decay as ``components/optim/param_groups.py`` decides: ``cfg.weight_decay`` on the parameters
   it decays (matrices not marked ``_no_weight_decay``), 0 on the rest, stated per parameter group;
 * a ``state_dict`` that loads into a freshly built optimizer of the same config and model (plain

@@ -84,3 +84,18 @@ def test_state_dict_round_trips_and_resumes_identically(name):
     assert take_steps(resumed_model, resumed, 2, seed=2) == take_steps(model, optimizer, 2, seed=2)
     for (n, a), (_, b) in zip(model.named_parameters(), resumed_model.named_parameters()):
         assert torch.equal(a, b), n
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_step_runs_the_closure_it_is_given(name):
+    """Lightning hands forward and backward to ``step`` as a closure."""
+    _, model, optimizer = built(name)
+    ids = torch.randint(0, model.vocab_size, (2, 17), generator=torch.Generator().manual_seed(1))  # [B, T + 1]
+
+    def closure():
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1).float(), ids[:, 1:].flatten())
+        loss.backward()
+        return loss
+
+    assert torch.isfinite(optimizer.step(closure))
