@@ -15,6 +15,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from components.config import DecoderConfig, ModelConfig
+from components.optim.schedules.base import SCHEDULES
 from components.registry import FAMILIES
 
 
@@ -97,6 +98,7 @@ class RootConfig:
     balancer: Any = MISSING
     data: Any = MISSING
     optimizer: Any = MISSING
+    schedule: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     # extra Lightning callbacks by name, each a node with a ``_target_`` class path and its arguments,
@@ -124,8 +126,10 @@ class RootConfig:
         )
 
 
-# the root keys whose nodes select a registry member, one per family (the group's name)
-COMPONENT_KEYS = tuple(FAMILIES)
+# the root keys whose nodes select a registry member (the group's name): the component families and the
+# learning-rate schedule
+REGISTRIES = {**FAMILIES, SCHEDULES.group: SCHEDULES}
+COMPONENT_KEYS = tuple(REGISTRIES)
 
 
 def register_root_schemas() -> None:

@@ -15,8 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from components.ops.backend import interpreting
-from components.registry import FAMILIES, ConfigError, closest
-from runtime.config import COMPONENT_KEYS, RootConfig, component_configs, data_parallel_ranks
+from components.registry import ConfigError, closest
+from runtime.config import COMPONENT_KEYS, REGISTRIES, RootConfig, component_configs, data_parallel_ranks
 
 ALLOWED = {
     "trainer.accelerator": ("cpu", "gpu", "cuda", "auto"),
@@ -36,7 +36,7 @@ def check(condition: bool, key: str, message: str) -> None:
 
 
 def _check_component_node(node: Any, group: str, key: str) -> None:
-    registry = FAMILIES[group]
+    registry = REGISTRIES[group]
     if not isinstance(node, DictConfig) or "name" not in node:
         raise ConfigError(
             key,
@@ -191,7 +191,7 @@ def validate(cfg: DictConfig) -> RootConfig:
 
     check_branch(root)
     root.decoder_config()  # the model side's checks: shapes, slots, layer indices, every component
-    for key in ("balancer", "data", "optimizer"):
+    for key in ("balancer", "data", "optimizer", "schedule"):
         getattr(root, key).validate(root.model, key)
     check_kernel_backends(root)
     ranks = data_parallel_ranks(t)

@@ -18,12 +18,11 @@ import yaml
 from omegaconf import OmegaConf
 
 from components.config import ModelConfig
-from components.registry import FAMILIES
-from runtime.config import LoggerConfig, TrainerConfig
+from runtime.config import REGISTRIES, LoggerConfig, TrainerConfig
 from runtime.launch import compose
 from tests.helpers import CONF
 
-MEMBERS = [(group, entry.name) for group, registry in FAMILIES.items() for entry in registry]
+MEMBERS = [(group, entry.name) for group, registry in REGISTRIES.items() for entry in registry]
 # config groups that are not registries but whose options are built from one schema each
 SCHEMA_GROUPS = {"model": ModelConfig, "trainer": TrainerConfig, "logger": LoggerConfig}
 PRESETS = [(group, path.stem) for group in sorted(SCHEMA_GROUPS) for path in sorted((CONF / group).glob("*.yaml"))]
@@ -61,7 +60,7 @@ def differing_fields(composed: dict, default: dict) -> set[str]:
 
 @pytest.mark.parametrize("group,name", MEMBERS, ids=[f"{g}={n}" for g, n in MEMBERS])
 def test_command_line_member_equals_its_dataclass_defaults(group, name):
-    config_cls = FAMILIES[group].get(name).config_cls
+    config_cls = REGISTRIES[group].get(name).config_cls
     default = OmegaConf.to_container(OmegaConf.structured(config_cls), resolve=False)
     composed = composed_node(group, name)
     declared = declared_deviations(group, name)
@@ -98,7 +97,7 @@ def test_schema_group_options_declare_their_deviations(group, name):
 def test_the_check_sees_a_silent_change():
     """A YAML value that differs from the dataclass without being declared is caught: the comparison
     itself, on a config class whose default disagrees with what composition produced."""
-    config_cls = FAMILIES["mixer"].get("gqa").config_cls
+    config_cls = REGISTRIES["mixer"].get("gqa").config_cls
     changed = dataclasses.replace(config_cls(), n_heads=config_cls().n_heads + 1)
     composed = composed_node("mixer", "gqa")
     assert differing_fields(composed, dataclasses.asdict(changed)) == {"n_heads"}
