@@ -28,10 +28,10 @@ def task(cfg: DictConfig) -> float | None:
 
     from components.registry import ConfigError
     from runtime import handoff
-    from runtime.config import validate
     from runtime.lit_module import NonFiniteTrainingError
     from runtime.run import train
     from runtime.sweep_job import current_job
+    from runtime.validation import validate
 
     try:
         root = validate(cfg)

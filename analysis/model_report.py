@@ -31,8 +31,8 @@ from torch import nn
 
 from components.model import Decoder, build_on_meta
 from components.registry import ConfigError
-from runtime.config import validate
 from runtime.launch import compose, strip_hydra
+from runtime.validation import validate
 
 
 def build_meta(overrides: list[str]) -> Decoder:

@@ -29,8 +29,8 @@ PREFILL, DECODE = 512, 32
 
 
 def build(mixer: str) -> Decoder:
-    from runtime.config import validate
     from runtime.launch import compose, strip_hydra
+    from runtime.validation import validate
 
     torch.manual_seed(0)
     root = validate(strip_hydra(compose(["model=small", "model.n_layers=4", f"mixer={mixer}", "mixer.n_heads=4"])))

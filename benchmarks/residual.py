@@ -39,8 +39,8 @@ from timing import time_interleaved as _time_interleaved  # noqa: E402
 
 from components.model import Decoder  # noqa: E402
 from components.optim.param_groups import adamw_param_groups, unique_trainable  # noqa: E402
-from runtime.config import validate  # noqa: E402
 from runtime.launch import compose, strip_hydra  # noqa: E402
+from runtime.validation import validate  # noqa: E402
 
 SCHEMES: dict[str, list[str]] = {
     "plain": ["residual=plain"],

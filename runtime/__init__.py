@@ -12,7 +12,9 @@ from __future__ import annotations
 def register_all() -> None:
     """Import every registered component and store all config schemas in Hydra's ConfigStore."""
     from components.registry import discover_all
-    from runtime.config import register_root_schemas
+    from runtime.config import REGISTRIES, register_root_schemas
 
     register_root_schemas()
     discover_all()
+    for registry in REGISTRIES.values():  # the families, and the schedules beside them
+        registry.discover()

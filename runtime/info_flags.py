@@ -52,8 +52,8 @@ def overrides_of(argv: list[str]) -> list[str]:
 
 def completed_config(overrides: list[str]) -> DictConfig:
     """The composed config (with its ``hydra`` node) and the chosen dataset's own fields filled in."""
-    from runtime.config import complete_data
     from runtime.launch import compose
+    from runtime.validation import complete_data
 
     cfg = compose(overrides)
     complete_data(cfg)
@@ -100,7 +100,7 @@ def config_groups(conf: Path) -> dict[str, list[str]]:
 
 
 def print_help(argv: list[str]) -> None:
-    from components.registry import FAMILIES
+    from runtime.config import REGISTRIES
     from runtime.launch import conf_dir, strip_hydra
 
     lines = [
@@ -110,7 +110,7 @@ def print_help(argv: list[str]) -> None:
     ]
     for group, options in config_groups(Path(conf_dir())).items():
         lines.append(f"  {group}: {', '.join(options)}")
-        registry = FAMILIES.get(group)
+        registry = REGISTRIES.get(group)
         for option in options if registry is not None else ():
             if option in registry:
                 lines.append(f"      {option:<20} {registry.get(option).summary}")

@@ -20,8 +20,9 @@ from typing import Any, Callable, Optional
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from components.registry import FAMILIES, ConfigError, unknown_choice_message
+from components.registry import ConfigError, unknown_choice_message
 from runtime import handoff, info_flags
+from runtime.config import REGISTRIES
 from runtime.launch_env import agreed_run_dir
 from runtime.memory_check import check_fits
 from runtime.sweep_job import split_override
@@ -55,8 +56,10 @@ def translate_compose_error(err: Exception) -> ConfigError:
     if isinstance(err, MissingConfigException):
         missing = err.missing_cfg_file or ""
         group, _, option = missing.rpartition("/")
-        if group in FAMILIES:
-            return ConfigError(group, unknown_choice_message(FAMILIES[group].family, option, FAMILIES[group].names()))
+        if group in REGISTRIES:
+            return ConfigError(
+                group, unknown_choice_message(REGISTRIES[group].family, option, REGISTRIES[group].names())
+            )
         if group:
             options = sorted(o for o in (err.options or []) if not o.endswith("_schema"))
             return ConfigError(group, unknown_choice_message(f"'{group}' option", option, options, listing="Available"))
@@ -100,7 +103,7 @@ def strip_hydra(cfg: DictConfig) -> DictConfig:
 
 def validate_overrides(overrides: list[str]) -> Any:
     """Compose and validate one job; returns the typed RootConfig."""
-    from runtime.config import validate
+    from runtime.validation import validate
 
     return validate(strip_hydra(compose(overrides)))
 

@@ -22,7 +22,7 @@ from components.distributed import world_size
 from components.model import Decoder
 from components.nn.segments import Segments
 from components.objective import document_segments, scored_loss_sum, token_losses
-from components.optim.schedule import lr_lambda
+from components.optim.schedules.base import SCHEDULES
 from components.registry import BALANCERS, OPTIMIZERS
 from runtime.compile import compile_mode, compiled_hidden
 from runtime.config import RootConfig, to_container
@@ -242,15 +242,10 @@ class LanguageModelModule(L.LightningModule):
 
     # -- optimisation ---------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
-        o = self.cfg.optimizer
-        optimizer = OPTIMIZERS.build(o, self.model, key="optimizer")
-        total = self.cfg.trainer.max_steps
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer,
-            lambda step: lr_lambda(
-                step, o.warmup_steps, total, o.schedule, o.min_lr_ratio, o.decay_fraction, o.decay_shape
-            ),
-        )
+        optimizer = OPTIMIZERS.build(self.cfg.optimizer, self.model, key="optimizer")
+        schedule = SCHEDULES.build(self.cfg.schedule, key="schedule")
+        warmup, total = self.cfg.optimizer.warmup_steps, self.cfg.trainer.max_steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule.multiplier(step, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def configure_gradient_clipping(

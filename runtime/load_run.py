@@ -22,20 +22,11 @@ from omegaconf import OmegaConf
 from components.config import ModelConfig
 from components.data.text.tokenizers import TextTokenizer
 from components.model import Decoder
-from components.registry import FAMILIES
 from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
-from runtime.config import LoggerConfig, RootConfig, TrainerConfig
+from runtime.config import COMPONENT_KEYS, REGISTRIES, LoggerConfig, RootConfig, TrainerConfig
 
 CONFIG_KEY = "run_config"
 MODULE_PREFIX = "model."  # the training module holds the decoder as .model
-_COMPONENTS = {
-    "mixer": "mixer",
-    "ffn": "ffn",
-    "residual": "residual",
-    "balancer": "balancer",
-    "data": "data",
-    "optimizer": "optimizer",
-}
 
 
 class RunLoadError(ValueError):
@@ -74,17 +65,40 @@ def _as_int(key: Any) -> Any:
         return key  # left for the schema to refuse, naming the key
 
 
+# what runs saved before the schedule became its own group kept in the optimizer node
+_OLD_SCHEDULE_KEYS = {
+    "schedule": "name",
+    "min_lr_ratio": "min_lr_ratio",
+    "decay_fraction": "decay_fraction",
+    "decay_shape": "decay_shape",
+}
+
+
+def _with_schedule_node(data: dict) -> dict:
+    """``data`` with a ``schedule`` node: an old run config's schedule fields moved out of its optimizer,
+    keeping those the named schedule has."""
+    if "schedule" in data:
+        return data
+    optimizer = {k: v for k, v in data["optimizer"].items() if k not in _OLD_SCHEDULE_KEYS}
+    old = {new: data["optimizer"][k] for k, new in _OLD_SCHEDULE_KEYS.items() if k in data["optimizer"]}
+    old.setdefault("name", "cosine")
+    schema = REGISTRIES["schedule"].get(old["name"], key="optimizer.schedule").config_cls
+    kept = {f.name for f in dataclasses.fields(schema)}
+    return {**data, "optimizer": optimizer, "schedule": {k: v for k, v in old.items() if k in kept}}
+
+
 def config_from_container(data: dict) -> RootConfig:
     """The typed ``RootConfig`` of ``runtime.config.to_container``'s plain dict: each component under its
     registered schema (no file checks: the data need not exist where the model is loaded)."""
+    data = _with_schedule_node(data)
     fields: dict[str, Any] = {}
-    for key, group in _COMPONENTS.items():
-        fields[key] = _typed(FAMILIES[group].get(data[key]["name"], key=f"{key}.name").config_cls, data[key])
+    for key in COMPONENT_KEYS:
+        fields[key] = _typed(REGISTRIES[key].get(data[key]["name"], key=f"{key}.name").config_cls, data[key])
     fields["mixers"] = {
-        slot: _typed(FAMILIES["mixer"].get(n["name"]).config_cls, n) for slot, n in (data.get("mixers") or {}).items()
+        slot: _typed(REGISTRIES["mixer"].get(n["name"]).config_cls, n) for slot, n in (data.get("mixers") or {}).items()
     }
     fields["ffns"] = {
-        slot: _typed(FAMILIES["ffn"].get(n["name"]).config_cls, n) for slot, n in (data.get("ffns") or {}).items()
+        slot: _typed(REGISTRIES["ffn"].get(n["name"]).config_cls, n) for slot, n in (data.get("ffns") or {}).items()
     }
     fields["model"] = _typed(ModelConfig, data["model"])
     fields["trainer"] = _typed(TrainerConfig, data["trainer"])

@@ -23,8 +23,10 @@ from components.hf.checkpoint import import_weights
 from components.layer_plan import describe_plan
 from components.registry import DATASETS
 from runtime import handoff
+from runtime.branching import branch_checkpoint
 from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
-from runtime.config import RootConfig, branch_checkpoint, describe_length, to_container, training_steps
+from runtime.config import RootConfig, to_container
+from runtime.token_budget import describe_length, training_steps
 
 
 def _read_json(path: str) -> dict:

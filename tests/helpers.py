@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 
 from components.model import Decoder
-from runtime.config import RootConfig, validate
+from runtime.config import RootConfig
 from runtime.launch import compose, strip_hydra
+from runtime.validation import validate
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
@@ -122,3 +123,14 @@ def train_steps(*overrides: str, steps: int = 4, seed: int = 0) -> tuple[Decoder
         metrics = balancer.step(model)
         losses.append(loss.item())
     return model, losses, metrics
+
+
+def lr_multiplier(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.1, **fields) -> float:
+    """The registered schedule ``schedule``'s learning-rate multiplier at ``step`` (its other fields:
+    ``fields``; ``min_ratio`` for the schedules that decay)."""
+    from components.optim.schedules.base import SCHEDULES, DecayingScheduleConfig
+
+    config_cls = SCHEDULES.get(schedule).config_cls
+    if issubclass(config_cls, DecayingScheduleConfig):
+        fields["min_lr_ratio"] = min_ratio
+    return SCHEDULES.build(config_cls(**fields)).multiplier(step, warmup, total)

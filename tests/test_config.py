@@ -81,7 +81,7 @@ def test_experiment_composes(experiment):
         (["+foo=1"], "foo"),
         (["+model.n_layer=3"], "model.n_layer"),
         (["optimizer.lr=fast"], "optimizer.lr"),
-        (["optimizer.schedule=cosin"], "optimizer.schedule"),
+        (["schedule=cosin"], "schedule"),
         (["ffn.activation=gelu"], "ffn.activation"),
         (["trainer=cpuu"], "trainer"),
         (["data=memmap"], "data.path"),

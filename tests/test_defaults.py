@@ -3,7 +3,9 @@ its config dataclass built with no arguments, apart from the deviations its YAML
 
 A YAML file under ``conf/<group>/`` names its schema in ``defaults`` and sets only the fields it
 deliberately changes, each with a comment saying why; a field that repeats the dataclass default, or a
-dataclass default that the YAML silently changes, fails here.
+dataclass default that the YAML silently changes, fails here. A preset of a schema group may instead
+name another preset of its group first (``trainer=ddp`` builds on ``trainer=gpu``): it then declares
+only its deviations from that preset.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import yaml
 from omegaconf import OmegaConf
 
 from components.config import ModelConfig
-from components.registry import FAMILIES
+from runtime.config import REGISTRIES, LoggerConfig, TrainerConfig
 from runtime.launch import compose
 from tests.helpers import CONF
 
-MEMBERS = [(group, entry.name) for group, registry in FAMILIES.items() for entry in registry]
+MEMBERS = [(group, entry.name) for group, registry in REGISTRIES.items() for entry in registry]
 # config groups that are not registries but whose options are built from one schema each
-SCHEMA_GROUPS = {"model": ModelConfig}
+SCHEMA_GROUPS = {"model": ModelConfig, "trainer": TrainerConfig, "logger": LoggerConfig}
+PRESETS = [(group, path.stem) for group in sorted(SCHEMA_GROUPS) for path in sorted((CONF / group).glob("*.yaml"))]
 
 
 def declared_deviations(group: str, name: str) -> dict[str, object]:
@@ -57,7 +60,7 @@ def differing_fields(composed: dict, default: dict) -> set[str]:
 
 @pytest.mark.parametrize("group,name", MEMBERS, ids=[f"{g}={n}" for g, n in MEMBERS])
 def test_command_line_member_equals_its_dataclass_defaults(group, name):
-    config_cls = FAMILIES[group].get(name).config_cls
+    config_cls = REGISTRIES[group].get(name).config_cls
     default = OmegaConf.to_container(OmegaConf.structured(config_cls), resolve=False)
     composed = composed_node(group, name)
     declared = declared_deviations(group, name)
@@ -70,20 +73,31 @@ def test_command_line_member_equals_its_dataclass_defaults(group, name):
     assert schema == f"{name}_schema", f"conf/{group}/{name}.yaml must name its schema first in defaults"
 
 
-@pytest.mark.parametrize("group", sorted(SCHEMA_GROUPS))
-def test_schema_group_options_declare_their_deviations(group):
-    default = OmegaConf.to_container(OmegaConf.structured(SCHEMA_GROUPS[group]), resolve=False)
-    for path in sorted((CONF / group).glob("*.yaml")):
-        composed = composed_node(group, path.stem)
-        declared = declared_deviations(group, path.stem)
-        assert differing_fields(composed, default) == set(declared), path.name
-        assert not undocumented_fields(group, path.stem), f"{path.name}: give each deviation a reason"
+def parent_of(group: str, name: str) -> tuple[str, dict]:
+    """What a preset builds on, by name, and its values: the schema's defaults, or the preset named first."""
+    first = yaml.safe_load((CONF / group / f"{name}.yaml").read_text())["defaults"][0]
+    if first == f"{group}_schema":
+        return first, OmegaConf.to_container(OmegaConf.structured(SCHEMA_GROUPS[group]), resolve=False)
+    assert (CONF / group / f"{first}.yaml").exists(), f"conf/{group}/{name}.yaml: defaults name no schema or preset"
+    return f"{group}={first}", composed_node(group, first)
+
+
+@pytest.mark.parametrize("group,name", PRESETS, ids=[f"{g}={n}" for g, n in PRESETS])
+def test_schema_group_options_declare_their_deviations(group, name):
+    parent, inherited = parent_of(group, name)
+    composed = composed_node(group, name)
+    declared = declared_deviations(group, name)
+    assert differing_fields(composed, inherited) == set(declared), (
+        f"conf/{group}/{name}.yaml: the composed config differs from {parent} in "
+        f"{sorted(differing_fields(composed, inherited))}, but the YAML declares {sorted(declared)}"
+    )
+    assert not undocumented_fields(group, name), f"conf/{group}/{name}.yaml: give each deviation a reason"
 
 
 def test_the_check_sees_a_silent_change():
     """A YAML value that differs from the dataclass without being declared is caught: the comparison
     itself, on a config class whose default disagrees with what composition produced."""
-    config_cls = FAMILIES["mixer"].get("gqa").config_cls
+    config_cls = REGISTRIES["mixer"].get("gqa").config_cls
     changed = dataclasses.replace(config_cls(), n_heads=config_cls().n_heads + 1)
     composed = composed_node("mixer", "gqa")
     assert differing_fields(composed, dataclasses.asdict(changed)) == {"n_heads"}

@@ -40,6 +40,13 @@ def unique_trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return out
 
 
+def decayed_parameter_ids(model: nn.Module) -> set[int]:
+    """``id`` of every trainable parameter of ``model`` that weight decay applies to: matrices (2-D and up)
+    no module declares in ``no_weight_decay()``."""
+    skip = declared_no_decay(model)
+    return {id(p) for name, p in unique_trainable(model) if p.ndim >= 2 and name not in skip}
+
+
 def adamw_param_groups(
     model: nn.Module, params: list[tuple[str, nn.Parameter]], weight_decay: float
 ) -> list[dict[str, Any]]:

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from components.ffn.router import Router
 from components.model import Decoder
 from components.registry import BALANCERS
-from runtime.config import validate
 from runtime.launch import compose, strip_hydra
+from runtime.validation import validate
 
 
 def _train(ffn, balancer, steps=3, micro_batches=2, extra=()):

@@ -327,8 +327,8 @@ def test_gradients_reach_every_parameter():
 )
 def test_model_prefill_decode(overrides):
     from components.model import Decoder
-    from runtime.config import validate
     from runtime.launch import compose, strip_hydra
+    from runtime.validation import validate
 
     root = validate(strip_hydra(compose(["model=tiny", "mixer=mla", *overrides])))
     assert isinstance(root.mixer, MLAConfig)
@@ -348,8 +348,8 @@ def test_model_prefill_decode(overrides):
 
 
 def test_model_config_rejects_odd_rope_dim():
-    from runtime.config import validate
     from runtime.launch import compose, strip_hydra
+    from runtime.validation import validate
 
     with pytest.raises(ConfigError) as err:
         validate(strip_hydra(compose(["model=tiny", "mixer=mla", "mixer.rope=true", "mixer.qk_rope_head_dim=15"])))

@@ -7,13 +7,13 @@ import math
 
 import pytest
 
-from components.optim.schedule import decay_start, lr_lambda
+from components.optim.schedules.wsd import decay_start
 from components.registry import ConfigError
-from tests.helpers import compose_root
+from tests.helpers import compose_root, lr_multiplier
 
 
 def wsd(step, total=100, warmup=10, shape="linear", fraction=0.2, floor=0.1):
-    return lr_lambda(step, warmup, total, "wsd", floor, fraction, shape)
+    return lr_multiplier(step, warmup, total, "wsd", floor, decay_fraction=fraction, decay_shape=shape)
 
 
 def test_wsd_values_at_chosen_steps():
@@ -39,9 +39,11 @@ def test_the_stable_phase_is_the_same_for_every_run_length():
 
 
 def test_wsd_options_are_checked():
-    root = compose_root("optimizer.schedule=wsd", "optimizer.decay_fraction=0.3", "optimizer.decay_shape=sqrt")
-    assert root.optimizer.decay_fraction == 0.3
-    with pytest.raises(ConfigError, match="optimizer.decay_shape"):
-        compose_root("optimizer.schedule=wsd", "optimizer.decay_shape=exp")
-    with pytest.raises(ConfigError, match="optimizer.decay_fraction"):
-        compose_root("optimizer.schedule=wsd", "optimizer.decay_fraction=0")
+    root = compose_root("schedule=wsd", "schedule.decay_fraction=0.3", "schedule.decay_shape=sqrt")
+    assert root.schedule.decay_fraction == 0.3
+    with pytest.raises(ConfigError, match="schedule.decay_shape"):
+        compose_root("schedule=wsd", "schedule.decay_shape=exp")
+    with pytest.raises(ConfigError, match="schedule.decay_fraction"):
+        compose_root("schedule=wsd", "schedule.decay_fraction=0")
+    with pytest.raises(ConfigError, match="schedule.decay_fraction"):  # a key the cosine schedule does not have
+        compose_root("schedule=cosine", "+schedule.decay_fraction=0.3")

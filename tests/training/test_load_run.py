@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from components.registry import DATASETS, ConfigError
 from runtime.config import to_container
-from runtime.load_run import RunLoadError, load_run
+from runtime.load_run import RunLoadError, config_from_container, load_run
 from tests.helpers import compose_root, run_train
 from tests.training.test_train import FAST, only_run_dir
 
@@ -199,3 +199,15 @@ def test_top_p_keeps_the_smallest_nucleus():
     out = generate(Fixed(), torch.zeros(1, 1, dtype=torch.long), 400, temperature=1.0, top_p=0.75, generator=g)[0, 1:]
     assert set(out.tolist()) == {0, 1}  # 0.5 + 0.3 reaches 0.75; tokens 2 and 3 are never drawn
     assert 0.55 < (out == 0).float().mean() < 0.70  # renormalised: 0.5 / 0.8 = 0.625
+
+
+def test_a_run_config_saved_with_the_schedule_in_the_optimizer_still_loads():
+    """Runs saved before the schedule became its own group kept it in the optimizer node."""
+    root = compose_root("schedule=wsd", "schedule.decay_fraction=0.5")
+    saved = to_container(root)
+    old = {k: v for k, v in saved.items() if k != "schedule"}
+    old["optimizer"] = {**saved["optimizer"], "schedule": "wsd", "min_lr_ratio": 0.1, "decay_fraction": 0.5}
+    old["optimizer"]["decay_shape"] = "linear"
+    assert config_from_container(old) == config_from_container(saved) == root
+    cosine = {**old, "optimizer": {**old["optimizer"], "schedule": "cosine"}}
+    assert config_from_container(cosine).schedule == compose_root().schedule

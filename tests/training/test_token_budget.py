@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from components.optim.schedule import lr_lambda
 from components.registry import ConfigError
-from runtime.config import describe_length, training_steps
 from runtime.jsonl_logger import read_metrics
-from tests.helpers import compose_root, run_train
+from runtime.token_budget import describe_length, training_steps
+from tests.helpers import compose_root, lr_multiplier, run_train
 
 FAST = [
     "model=tiny",
@@ -64,15 +63,15 @@ def test_bad_lengths_are_refused(overrides, key):
 
 def test_schedule_is_a_function_of_the_step_alone():
     total, warmup = 50, 5
-    values = [lr_lambda(s, warmup, total, "cosine", 0.1) for s in range(total + 1)]
+    values = [lr_multiplier(s, warmup, total, "cosine", 0.1) for s in range(total + 1)]
     assert values[0] == pytest.approx(1 / warmup) and values[warmup - 1] == pytest.approx(1.0)
     assert values[warmup] == pytest.approx(1.0) and values[total] == pytest.approx(0.1)
     assert all(a >= b for a, b in zip(values[warmup:], values[warmup + 1 :]))
-    assert lr_lambda(total + 10, warmup, total, "cosine", 0.1) == pytest.approx(0.1)  # stays at the floor
-    assert lr_lambda(30, warmup, total, "linear", 0.0) == pytest.approx(1 - 25 / 45)
-    assert lr_lambda(30, warmup, total, "constant", 0.0) == 1.0
+    assert lr_multiplier(total + 10, warmup, total, "cosine", 0.1) == pytest.approx(0.1)  # stays at the floor
+    assert lr_multiplier(30, warmup, total, "linear", 0.0) == pytest.approx(1 - 25 / 45)
+    assert lr_multiplier(30, warmup, total, "constant", 0.0) == 1.0
     assert math.isclose(
-        lr_lambda(warmup + 45 // 2, warmup, total, "cosine", 0.0), 0.5 * (1 + math.cos(math.pi * 22 / 45))
+        lr_multiplier(warmup + 45 // 2, warmup, total, "cosine", 0.0), 0.5 * (1 + math.cos(math.pi * 22 / 45))
     )
 
 

@@ -1,0 +1,1 @@
+"""Learning-rate schedules as a registry family (``SCHEDULES``, ``schedule=cosine|linear|constant|wsd``)."""

@@ -1,0 +1,18 @@
+"""Linear decay from the peak to ``min_lr_ratio`` over every step after the warmup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components.optim.schedules.base import SCHEDULES, DecayingScheduleConfig, Schedule, shaped
+
+
+@dataclass
+class LinearConfig(DecayingScheduleConfig):
+    name: str = "linear"
+
+
+@SCHEDULES.register("linear", LinearConfig, "Warmup, then a linear decay to lr * min_lr_ratio at the last step.")
+class Linear(Schedule):
+    def after_warmup(self, step: int, warmup: int, total: int) -> float:
+        return shaped(min(1.0, (step - warmup) / max(1, total - warmup)), "linear", self.cfg.min_lr_ratio)
