@@ -348,7 +348,8 @@ def plot_depth(runs: list[Run], out: Path) -> list[Path]:
 def write_html(out: Path, tables: list[tuple[str, list[str], list[list[Any]]]], images: list[Path]) -> Path:
     parts = [
         "<!doctype html><meta charset='utf-8'><title>run comparison</title>",
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>",
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>",
     ]
     for title, header, rows in tables:
         parts.append(

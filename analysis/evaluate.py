@@ -1,7 +1,8 @@
 """Evaluate a trained run beyond its validation loss: loss and bits per byte at multiples of the training
 length, bucketed by position; benchmark tasks through the lm-evaluation-harness.
 
-    python -m analysis.evaluate RUN --lengths 1x,2x,4x,8x [--tokens 65536] [--batch-tokens 16384] [--device cpu] [--out DIR]
+    python -m analysis.evaluate RUN --lengths 1x,2x,4x,8x [--tokens 65536] [--batch-tokens 16384] [--device cpu]
+        [--out DIR]
     python -m analysis.evaluate RUN --tasks hellaswag,arc_easy [--include-path DIR] [--limit N] [--num-fewshot K]
 
 RUN is anything ``runtime/load_run.py`` loads (run folder, checkpoint, exported folder). Each length (a
@@ -17,7 +18,8 @@ is on this machine (the harness's cache, or ``--include-path`` folders of task Y
 
 Length results go to ``<run folder>/eval/lengths.json`` and ``lengths.png`` (``--out`` for a checkpoint or
 exported folder outside a run folder) and, when the run recorded a W&B run, into that run's summary
-(``eval/length_<L>/loss``, ``.../bpb``, ``eval/<task>/<metric>``). ``analysis.compare`` shows them beside the training metrics.
+(``eval/length_<L>/loss``, ``.../bpb``, ``eval/<task>/<metric>``). ``analysis.compare`` shows them beside the
+training metrics.
 Exit status 2, with one message, for a missing run, a checkpoint that does not load, data without a
 validation token stream, or a length that a mixer or the validation split cannot hold.
 """
@@ -102,7 +104,8 @@ def check_mixers(model: Any, length: int) -> None:
         limit = layer.mixer.max_seq_len()
         if limit is not None and length > limit:
             raise EvaluationError(
-                f"--lengths: {length} tokens is beyond what layer {i}'s mixer ({layer.spec.mixer.name}) supports: at most {limit}"
+                f"--lengths: {length} tokens is beyond what layer {i}'s mixer ({layer.spec.mixer.name}) supports: at "
+                f"most {limit}"
             )
 
 

@@ -7,7 +7,8 @@
 The first form loads RUN (a run folder or checkpoint file, ``runtime/load_run.py``) and writes OUT:
 ``model.safetensors`` (or shards with ``model.safetensors.index.json`` above ``--max-shard-gb``) and
 ``config.json``, plus the run's ``tokenizer.json`` when its data has one. K3-family models take the
-released K3 layout and config schema; other components take their conventional names (``components/hf/key_map.py``). OUT is written beside its final name and
+released K3 layout and config schema; other components take their conventional names (``components/hf/key_map.py``).
+OUT is written beside its final name and
 renamed into place when complete; an existing OUT is refused.
 
 ``--check-only`` compares every key, shape and dtype of FOLDER (its index and the shards' headers; no

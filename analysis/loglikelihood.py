@@ -3,7 +3,8 @@
 ``continuation_logprobs`` scores (context, continuation) token pairs in right-padded batches (a causal
 model never sees the padding before a scored position); ``rolling_logprob`` scores a whole text in
 disjoint windows of at most ``max_length`` tokens, the first conditioned on a prefix token (end of
-document), each later one on the token just before it (the harness's rolling windows with a context of one). Both return natural-log probabilities.
+document), each later one on the token just before it (the harness's rolling windows with a context of one). Both
+return natural-log probabilities.
 """
 
 from __future__ import annotations

@@ -240,7 +240,8 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"active per token            {r['active_params']:>22,}   every tensor one token touches, embedding included")
     if r.get("mtp_params"):
         print(
-            f"MTP layers (training only)  {r['mtp_params']:>22,}   not in the counts above ({r['mtp_active_params']:,} active per token)"
+            f"MTP layers (training only)  {r['mtp_params']:>22,}   not in the counts above "
+            f"({r['mtp_active_params']:,} active per token)"
         )
     print("\nparameters by kind")
     for k, v in r["params_by_kind"].items():
@@ -257,7 +258,8 @@ def print_table(r: dict[str, Any]) -> None:
     c = r["cache"]
     print(
         f"\ndecode cache: {c['cache_bytes_per_token']:,} B per token ({c['cache_bytes_per_number']} B numbers), "
-        f"recurrent state {c['recurrent_state_numbers_per_sequence']:,} + conv {c['conv_state_numbers_per_sequence']:,} numbers per sequence"
+        f"recurrent state {c['recurrent_state_numbers_per_sequence']:,} + conv "
+        f"{c['conv_state_numbers_per_sequence']:,} numbers per sequence"
     )
     for k, v in c["cache_bytes_per_sequence"].items():
         print(f"  per sequence of {c['seq_len']:,} tokens ({k} state): {v:,} B")
@@ -265,19 +267,23 @@ def print_table(r: dict[str, Any]) -> None:
         print(f"  hybrid cache equals an all-MLA stack's at {v:,} tokens ({k} state)")
     for kind, m in c["mla_macs_per_layer"].items():
         print(
-            f"  {kind}: prefill {m['prefill_macs_per_cached_position']:,} / decode {m['decode_macs_per_cached_position']:,} multiply-adds per cached position per layer"
+            f"  {kind}: prefill {m['prefill_macs_per_cached_position']:,} / decode "
+            f"{m['decode_macs_per_cached_position']:,} multiply-adds per cached position per layer"
         )
     lb = r["latent_moe"]
     if lb:
         print(
-            f"\nLatentMoE: latent projections {lb['latent_projection_params']:,} = {100 * lb['latent_projection_share']:.1f}% "
+            f"\nLatentMoE: latent projections {lb['latent_projection_params']:,} = "
+            f"{100 * lb['latent_projection_share']:.1f}% "
             f"of the active routed expert matrices ({lb['active_routed_expert_params']:,})"
         )
         fw = lb.get("full_width_equivalent")
         if fw:
             print(
-                f"  {lb['experts']}-choose-{lb['top_k']} at width {lb['latent_dim']} = {fw['experts']}-choose-{fw['top_k']} at width "
-                f"{lb['d_model']} in routed expert budget: {fw['same_budget']} ({fw['routed_expert_params_total']:,} total, {fw['active_routed_expert_params']:,} active)"
+                f"  {lb['experts']}-choose-{lb['top_k']} at width {lb['latent_dim']} = "
+                f"{fw['experts']}-choose-{fw['top_k']} at width "
+                f"{lb['d_model']} in routed expert budget: {fw['same_budget']} ({fw['routed_expert_params_total']:,} "
+                f"total, {fw['active_routed_expert_params']:,} active)"
             )
 
 

@@ -77,7 +77,8 @@ def decode_table(repeats: int) -> None:
     fns = {name: decode_step(m, prompt) for name, m in models.items()}
     times = medians(time_interleaved(fns, repeats))
     print(
-        f"\nDecoding, d_model 256, 4 layers, fp32, B=1, after a {PREFILL}-token prefill, CPU threads={torch.get_num_threads()}"
+        f"\nDecoding, d_model 256, 4 layers, fp32, B=1, after a {PREFILL}-token prefill, CPU "
+        f"threads={torch.get_num_threads()}"
     )
     base = times.get("mha")
     print(f"{'mixer':>6} {'ms/token':>9} {'vs mha':>7} {'cache B/token/layer':>20} {'state B/layer':>14}")

@@ -4,7 +4,8 @@ A model whose sublayers all declare ``compile_friendly = True`` compiles as one 
 eager islands (KDA's chunked kernel, whose chunk size comes from the data; the MoE router's balancing
 statistics, and expert dispatches whose sizes come from the routing: padded_bmm, capacity-limited or
 non-bf16 grouped_mm; dropless bf16 grouped_mm and the blocked dispatch have fixed shapes and compile)
-compiles *layer by layer*: each decoder layer is its own compiled region, the islands run eagerly between its graphs, and everything
+compiles *layer by layer*: each decoder layer is its own compiled region, the islands run eagerly between its graphs,
+and everything
 around them (projections, norms, short convolutions, gates, activations, residual reads) is fused.
 Layers of the same kind share compiled code; a new variant is compiled only when the layer's inputs
 differ in kind (KDA or MLA, dense or routed FFN, how many AttnRes blocks it reads), so the number of

@@ -155,7 +155,8 @@ def _check_launcher(cfg_with_hydra: DictConfig) -> None:
         if key in values and not (isinstance(values[key], int) and values[key] >= 1):
             raise ConfigError(
                 f"hydra.launcher.{key}",
-                f"must be a positive number, got {values[key]!r} (the SLURM launcher takes it from trainer.num_nodes / trainer.devices: give trainer.devices as a number)",
+                f"must be a positive number, got {values[key]!r} (the SLURM launcher takes it from trainer.num_nodes "
+                "/ trainer.devices: give trainer.devices as a number)",
             )
 
 

@@ -205,7 +205,8 @@ class LanguageModelModule(L.LightningModule):
         states = checkpoint.get("rng_states")
         if states and not rng_state.restore_for_rank(states, self.global_rank):
             rank_zero_warn(
-                f"checkpoint holds RNG states of {len(states)} ranks, this run has {world_size()}: generators start from the seed"
+                f"checkpoint holds RNG states of {len(states)} ranks, this run has {world_size()}: generators start "
+                "from the seed"
             )
         self.skipped_steps, self.skipped_in_a_row = checkpoint.get("nonfinite_skipped_steps", [0, 0])
 

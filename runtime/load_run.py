@@ -164,7 +164,8 @@ def load_run(
         raise RunLoadError(str(err)) from None
     if CONFIG_KEY not in ckpt:
         raise RunLoadError(
-            f"{ckpt_path} holds no run config (written before checkpoints carried one); resume it once with ckpt_path to write a new checkpoint"
+            f"{ckpt_path} holds no run config (written before checkpoints carried one); resume it once with "
+            "ckpt_path to write a new checkpoint"
         )
     root = config_from_container(ckpt[CONFIG_KEY])
     model = Decoder(root.decoder_config())

@@ -99,7 +99,9 @@ def build_loggers(root: Any, run_dir: str, run_name: str, config_dict: dict, res
                 wandb_logger.experiment  # start the run now, so a failure is handled before training
             except Exception as err:  # wandb raises several types for network and auth failures
                 print(
-                    f"warning: W&B online run could not start ({type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}); recording it offline in {run_dir}/wandb instead (upload later with `wandb sync`)"
+                    f"warning: W&B online run could not start ({type(err).__name__}: "
+                    f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); recording it offline in "
+                    f"{run_dir}/wandb instead (upload later with `wandb sync`)"
                 )
                 _finish_quietly()
                 os.environ["WANDB_MODE"] = "offline"  # also for any later wandb.init in this process

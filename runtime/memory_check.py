@@ -95,7 +95,8 @@ def available_bytes(root: Any) -> tuple[Optional[int], str]:
         shards = devices * t.num_nodes if "fsdp" in str(t.strategy) else 1
         return (
             per_device * shards,
-            f"on {'the ' + str(shards) + ' sharded GPUs' if shards > 1 else 'one GPU'} ({per_device / 2**30:.1f} GiB each)",
+            f"on {'the ' + str(shards) + ' sharded GPUs' if shards > 1 else 'one GPU'} ({per_device / 2**30:.1f} GiB "
+            "each)",
         )
     available = _mem_available_bytes()
     return available, "of memory available on this machine"

@@ -202,7 +202,8 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
         print(f"run folder: {run_dir}")
         print(f"data: {dataset.describe()}")
         print(
-            f"model: {model.num_params():,} parameters ({model.active_params():,} active per token), layers: {describe_plan(model.plan)}"
+            f"model: {model.num_params():,} parameters ({model.active_params():,} active per token), layers: "
+            f"{describe_plan(model.plan)}"
         )
         print(f"training: {length}")
         if ckpt:
@@ -269,7 +270,10 @@ def steps_note(s: dict[str, Any]) -> str:
     planned = s.get("planned_steps")
     if planned is None or s["steps"] >= planned:
         return ""
-    return f" of {planned} planned (stopped early by the time guard trainer.max_time_minutes: not the planned run's result)"
+    return (
+        f" of {planned} planned (stopped early by the time guard trainer.max_time_minutes: not the planned "
+        "run's result)"
+    )
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -278,7 +282,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         "",
         f"== {s['name']} ==",
-        f"steps {s['steps']}{steps_note(s)}, {s['train_tokens'] / 1e6:.2f}M tokens in {s['train_seconds'] / 60:.1f} min of training ({s['tokens_per_s']:,.0f} tokens/s)",
+        f"steps {s['steps']}{steps_note(s)}, {s['train_tokens'] / 1e6:.2f}M tokens in {s['train_seconds'] / 60:.1f} "
+        f"min of training ({s['tokens_per_s']:,.0f} tokens/s)",
         f"validation loss {val.get('loss', float('nan')):.4f}"
         + (f", {metric} {val[metric]:.4f}" if metric in val and metric != "loss" else ""),
     ]

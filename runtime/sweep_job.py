@@ -2,7 +2,8 @@
 
 Every job of ``python train.py -m ...`` is its own run (``sweeps.run`` launches one multirun per study
 point into one sweep folder, naming the point through ``runtime.handoff``). Jobs of one sweep share a
-W&B group (the sweep folder's name, unless ``logger.group`` is set) and carry the options the sweep varies as ``key=value``
+W&B group (the sweep folder's name, unless ``logger.group`` is set) and carry the options the sweep varies as
+``key=value``
 tags, so W&B's group-by and parallel-coordinates views work as launched; the varied values are config
 fields already. ``<sweep dir>/index.jsonl`` gets one line per finished or failed job: job number, run
 folder, the job's overrides and varied values, status and final metrics (``analysis`` reads it).

@@ -107,7 +107,8 @@ class TextConfig(DatasetConfig):
         )
 
     def folder(self) -> Path:
-        """The cache folder for these options (its content follows the inputs: prepare() rebuilds it when they change)."""
+        """The cache folder for these options (its content follows the inputs: prepare() rebuilds it when they
+        change)."""
         ident = json.dumps(
             [
                 list(self.inputs),
@@ -156,7 +157,8 @@ class CodeConfig(TextConfig):
 @DATASETS.register(
     "code",
     CodeConfig,
-    "The default data: the standard-library sources (data=corpus's files) in byte-level BPE 8192, prepared on first use.",
+    "The default data: the standard-library sources (data=corpus's files) in byte-level BPE 8192, prepared on first "
+    "use.",
 )
 class CodeCorpus(TextCorpus):
     """``data=text`` on ``stdlib:code``: the embedded corpus in byte-level BPE."""

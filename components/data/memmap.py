@@ -71,7 +71,8 @@ class MemmapConfig(DatasetConfig):
         elif vocab < folder.vocab_size:
             raise ConfigError(
                 f"{key}.vocab_size",
-                f"{vocab} is below the {folder.vocab_size} ids of the tokenizer {path} was prepared with (meta.json); leave it unset",
+                f"{vocab} is below the {folder.vocab_size} ids of the tokenizer {path} was prepared with "
+                "(meta.json); leave it unset",
             )
         dtype = node.get("dtype")
         if dtype is None:
@@ -108,7 +109,8 @@ class MemmapConfig(DatasetConfig):
                 if n <= self.seq_len + 1:
                     raise ConfigError(
                         f"{key}.seq_len",
-                        f"the {split} split of {self.path} holds {n} tokens, fewer than seq_len + 2 = {self.seq_len + 2}",
+                        f"the {split} split of {self.path} holds {n} tokens, fewer than seq_len + 2 = "
+                        f"{self.seq_len + 2}",
                     )
             return
         if os.path.isdir(self.path):
@@ -134,7 +136,8 @@ class MemmapConfig(DatasetConfig):
             if min(n_val, n - n_val) <= self.seq_len + 1:
                 raise ConfigError(
                     f"{key}.val_fraction",
-                    f"{self.path} holds {n} tokens: splitting off {self.val_fraction} for validation leaves a split shorter than seq_len + 2 = {self.seq_len + 2} (set {key}.val_path or a smaller seq_len)",
+                    f"{self.path} holds {n} tokens: splitting off {self.val_fraction} for validation leaves a split "
+                    f"shorter than seq_len + 2 = {self.seq_len + 2} (set {key}.val_path or a smaller seq_len)",
                 )
 
 

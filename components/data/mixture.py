@@ -58,7 +58,8 @@ class MixtureConfig(DatasetConfig):
         if not isinstance(sources, Mapping) or not sources:
             raise ConfigError(
                 f"{key}.sources",
-                "name at least one source: data.sources='{NAME: {path: FOLDER, weight: W}, ...}' (folders made by prepare.py)",
+                "name at least one source: data.sources='{NAME: {path: FOLDER, weight: W}, ...}' (folders made by "
+                "prepare.py)",
             )
         for name, src in sources.items():
             if not isinstance(src, Mapping):
@@ -78,7 +79,9 @@ class MixtureConfig(DatasetConfig):
             if other.tokenizer_hash != folder.tokenizer_hash:
                 raise ConfigError(
                     f"{key}.sources.{name}.path",
-                    f"{other.path} was prepared with tokenizer {other.meta['tokenizer']['spec']} (hash {other.tokenizer_hash}), source '{first}' with {folder.meta['tokenizer']['spec']} (hash {folder.tokenizer_hash}); mixed sources must share one tokenizer",
+                    f"{other.path} was prepared with tokenizer {other.meta['tokenizer']['spec']} (hash "
+                    f"{other.tokenizer_hash}), source '{first}' with {folder.meta['tokenizer']['spec']} (hash "
+                    f"{folder.tokenizer_hash}); mixed sources must share one tokenizer",
                 )
         vocab = node.get("vocab_size")
         if vocab is None:
@@ -100,7 +103,8 @@ class MixtureConfig(DatasetConfig):
                 if n <= self.seq_len + 1:
                     raise ConfigError(
                         f"{key}.sources.{name}.path",
-                        f"the {split} split of {src['path']} holds {n} tokens, fewer than seq_len + 2 = {self.seq_len + 2}",
+                        f"the {split} split of {src['path']} holds {n} tokens, fewer than seq_len + 2 = "
+                        f"{self.seq_len + 2}",
                     )
             if "/" in name:
                 raise ConfigError(

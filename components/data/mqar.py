@@ -95,7 +95,8 @@ class MQARConfig(DatasetConfig):
         if seq_len < 4 * pairs:
             raise ConfigError(
                 f"{key}.{where}seq_len",
-                f"needs room for {pairs} pairs and their queries: at least 4 * num_kv_pairs = {4 * pairs}, got {seq_len}",
+                f"needs room for {pairs} pairs and their queries: at least 4 * num_kv_pairs = {4 * pairs}, got "
+                f"{seq_len}",
             )
         if self.vocab_size // 2 - 1 < pairs or self.vocab_size - self.vocab_size // 2 < pairs:
             raise ConfigError(

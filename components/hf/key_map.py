@@ -23,7 +23,8 @@ sandbox                                    checkpoint
                                            and norm)
 ``residual.<self_attention|mlp>_res_proj.i``  ``P layers.i.<self_attention|mlp>_res_proj.weight`` ``[1, d]``
 ``residual.<self_attention|mlp>_res_norm.i``  ``P layers.i.<self_attention|mlp>_res_norm.weight``
-``residual.output_attn_res_<proj|norm>``   ``P output_attn_res_proj.weight`` ``[1, d]`` / ``P output_attn_res_norm.weight``
+``residual.output_attn_res_<proj|norm>``   ``P output_attn_res_proj.weight`` ``[1, d]``,
+                                           ``P output_attn_res_norm.weight``
 ``mtp.j.<hidden|embed>_norm``              ``P layers.<L+j>.<hnorm|enorm>.weight`` (DeepSeek-V3's MTP layout)
 ``mtp.j.proj [d, 2d]``                     ``P layers.<L+j>.eh_proj.weight`` (its input halves swapped: the
                                            checkpoint's order is [embedding, hidden])

@@ -10,7 +10,8 @@ Per head, with state ``S`` of shape ``[K, V]`` (key channels first), per-channel
 
 ``recurrent_kda`` runs this token by token (the reference); ``chunk_kda`` is the chunked WY/UT
 form (docs/k3.md §2.5) with a hand-written backward, for training-length sequences on CPU. Both follow
-the contract of fla's naive references: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]`` (HV a multiple of H); g ``[B, T, HV, K]``
+the contract of fla's naive references: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]`` (HV a multiple of H);
+g ``[B, T, HV, K]``
 already gated; beta ``[B, T, HV]`` post-sigmoid; states ``[B, HV, K, V]``; q/k are not
 L2-normalised here. Math runs in fp32 (fp64 for fp64 inputs); ``o`` comes back in v's dtype.
 

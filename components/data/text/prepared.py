@@ -82,7 +82,8 @@ class PreparedFolder:
             if not tokens.is_file() or tokens.stat().st_size != expected:
                 found = tokens.stat().st_size if tokens.is_file() else "no file"
                 raise PreparedFolderError(
-                    f"{tokens}: expected {expected} bytes ({meta['splits'][split]['tokens']} {meta['dtype']} tokens, per meta.json), found {found}"
+                    f"{tokens}: expected {expected} bytes ({meta['splits'][split]['tokens']} {meta['dtype']} tokens, "
+                    f"per meta.json), found {found}"
                 )
         return cls(path, meta, tokenizer)
 
