@@ -166,13 +166,20 @@ def _copy_repository(dest: Path) -> None:
             (dest / rel).write_bytes(src.read_bytes())
 
 
-def test_one_module_and_one_yaml_add_a_component(tmp_path):
+def repository_copy_with(tmp_path: Path, new_files: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """A copy of the repository under ``tmp_path`` with ``new_files`` (none of which may exist) written
+    in, and the copy's file hashes from before they were written."""
     copy = tmp_path / "repo"
     _copy_repository(copy)
     before = _tree_hashes(copy)
-    for rel, text in NEW_FILES.items():
+    for rel, text in new_files.items():
         assert not (copy / rel).exists(), rel
         (copy / rel).write_text(text)
+    return copy, before
+
+
+def test_one_module_and_one_yaml_add_a_component(tmp_path):
+    copy, before = repository_copy_with(tmp_path, NEW_FILES)
 
     # train.py trains with all three (a routed FFN, so the balancer has loads to record)
     out = tmp_path / "out"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import run_train
-from tests.test_new_component import _copy_repository, _tree_hashes
+from tests.test_new_component import _tree_hashes, repository_copy_with
 
 DATASET = '''"""JSON lines, one document per line (its ``text`` field), byte-level; the last ones are validation."""
 
@@ -85,17 +85,12 @@ def _python(copy: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_one_module_and_one_yaml_add_a_dataset(tmp_path):
-    copy = tmp_path / "repo"
-    _copy_repository(copy)
-    before = _tree_hashes(copy)
     docs = _documents(tmp_path / "docs.jsonl")
     new_files = {
         "components/data/jsonl_docs.py": DATASET.replace("{path}", str(docs)),
         "conf/data/jsonl_docs.yaml": YAML,
     }
-    for rel, text in new_files.items():
-        assert not (copy / rel).exists(), rel
-        (copy / rel).write_text(text)
+    copy, before = repository_copy_with(tmp_path, new_files)
 
     out = tmp_path / "out"
     proc = run_train(

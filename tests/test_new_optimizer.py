@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from tests.helpers import run_train
-from tests.test_new_component import _copy_repository, _tree_hashes
+from tests.test_new_component import _tree_hashes, repository_copy_with
 
 LION = '''"""Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"): the sign of an interpolated
 momentum, with decoupled weight decay on the matrices param_groups.py decays."""
@@ -72,12 +72,7 @@ NEW_FILES = {
 
 
 def test_one_module_and_one_yaml_add_an_optimizer(tmp_path):
-    copy = tmp_path / "repo"
-    _copy_repository(copy)
-    before = _tree_hashes(copy)
-    for rel, text in NEW_FILES.items():
-        assert not (copy / rel).exists(), rel
-        (copy / rel).write_text(text)
+    copy, before = repository_copy_with(tmp_path, NEW_FILES)
 
     out = tmp_path / "out"
     proc = run_train(

@@ -4,11 +4,12 @@ through the ``zstandard`` package where it is installed (refused by name where i
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import io
 import lzma
 from pathlib import Path
-from typing import BinaryIO, Callable, Optional
+from typing import BinaryIO, Callable, Iterator, Optional
 
 STDLIB_OPENERS: dict[str, Callable[[Path], BinaryIO]] = {
     ".gz": lambda p: gzip.open(p, "rb"),
@@ -56,27 +57,26 @@ def open_input(path: Path) -> BinaryIO:
     return STDLIB_OPENERS[suffix](path)
 
 
+@contextlib.contextmanager
+def _named_errors(path: Path) -> Iterator[None]:
+    """A corrupt or truncated compressed stream as a CompressionError naming ``path``."""
+    try:
+        yield
+    except CompressionError:
+        raise
+    except _STREAM_ERRORS as err:
+        if compression_of(path) is None:
+            raise
+        raise CompressionError(f"{path}: not a readable {compression_of(path)} file ({err})") from None
+
+
 def read_input_bytes(path: Path) -> bytes:
     """All (decompressed) bytes of ``path``; CompressionError naming it if the stream is corrupt."""
-    try:
-        with open_input(path) as f:
-            return f.read()
-    except CompressionError:
-        raise
-    except _STREAM_ERRORS as err:
-        if compression_of(path) is None:
-            raise
-        raise CompressionError(f"{path}: not a readable {compression_of(path)} file ({err})") from None
+    with _named_errors(path), open_input(path) as f:
+        return f.read()
 
 
-def iter_input_lines(path: Path):
+def iter_input_lines(path: Path) -> Iterator[bytes]:
     """The (decompressed) lines of ``path`` as bytes; CompressionError naming it if the stream is corrupt."""
-    try:
-        with open_input(path) as f:
-            yield from f
-    except CompressionError:
-        raise
-    except _STREAM_ERRORS as err:
-        if compression_of(path) is None:
-            raise
-        raise CompressionError(f"{path}: not a readable {compression_of(path)} file ({err})") from None
+    with _named_errors(path), open_input(path) as f:
+        yield from f
