@@ -494,7 +494,7 @@ def check_moe_experts(
             experts_reference,
             grouped_mm_supported,
         )
-        from components.ops.activations import glu_activation
+        from components.ffn.glu_activation import glu_activation
 
         act = glu_activation("situ_glu", beta=4.0, linear_beta=25.0)
         torch.manual_seed(0)

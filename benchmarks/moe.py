@@ -39,9 +39,9 @@ from components.balancers.qb import QBConfig  # noqa: E402
 from components.balancers.signsgd import SignSGDConfig  # noqa: E402
 from components.ffn.dense import DenseFFNConfig  # noqa: E402
 from components.ffn.experts import RoutedExperts, experts_reference, grouped_mm_supported  # noqa: E402
+from components.ffn.glu_activation import glu_activation  # noqa: E402
 from components.ffn.moe import LatentMoEConfig, MoEFFNConfig, StableLatentMoEConfig  # noqa: E402
 from components.nn.build_context import BuildContext
-from components.ops.activations import glu_activation  # noqa: E402
 from components.registry import BALANCERS, FFNS  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

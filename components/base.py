@@ -41,6 +41,10 @@ class ComponentConfig:
         so the runtime can refuse a CUDA-only kernel on a CPU run; {} for components without kernels."""
         return {}
 
+    def tags(self) -> list[str]:
+        """Run tags this choice implies beyond ``<group>:<name>`` (``act:situ_glu`` for a GLU FFN)."""
+        return []
+
 
 @dataclass
 class LayerPattern:

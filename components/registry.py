@@ -147,6 +147,8 @@ DATASETS = Registry("dataset", "data", "components.data", "components.data.base:
 OPTIMIZERS = Registry("optimizer", "optimizer", "components.optim")
 
 FAMILIES: dict[str, Registry] = {r.group: r for r in (MIXERS, FFNS, BALANCERS, RESIDUALS, DATASETS, OPTIMIZERS)}
+# the families whose members are parts of the decoder (a choice changes the model's parameters)
+MODEL_FAMILIES: tuple[Registry, ...] = (MIXERS, FFNS, BALANCERS, RESIDUALS)
 
 
 def discover_all() -> None:

@@ -6,8 +6,6 @@ import netrc
 import os
 from typing import Any
 
-from components.ffn.dense import GLUActivationConfig
-
 # the summary.json fields a finished run also writes into its W&B summary (analysis/wandb_source.py reads them)
 WANDB_SUMMARY_FIELDS = (
     "steps",
@@ -26,8 +24,8 @@ def component_tags(root: Any) -> list[str]:
     plan = root.decoder_config().layers
     mixers = sorted({spec.mixer.name for spec in plan})
     ffns = sorted({spec.ffn.name for spec in plan})
-    acts = sorted({spec.ffn.activation for spec in plan if isinstance(spec.ffn, GLUActivationConfig)})
-    tags = [f"mixer:{m}" for m in mixers] + [f"ffn:{f}" for f in ffns] + [f"act:{a}" for a in acts]
+    implied = sorted({tag for spec in plan for comp in (spec.mixer, spec.ffn) for tag in comp.tags()})
+    tags = [f"mixer:{m}" for m in mixers] + [f"ffn:{f}" for f in ffns] + implied
     tags += [f"residual:{root.residual.name}", f"balancer:{root.balancer.name}", f"data:{root.data.name}"]
     return tags
 

@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from components.model import Decoder
-from components.registry import DATASETS, ConfigError
+from components.registry import DATASETS, MODEL_FAMILIES, ConfigError
+from runtime.config import REGISTRIES
 from tests.helpers import CONF, compose_root, group_options, run_train
 
 # groups whose options change the model; the others are checked by composition + validation only
-MODEL_GROUPS = ["mixer", "ffn", "residual", "balancer", "model"]
-OTHER_GROUPS = ["optimizer", "trainer", "logger"]
+MODEL_GROUPS = [r.group for r in MODEL_FAMILIES] + ["model"]
+OTHER_GROUPS = [g for g in REGISTRIES if g not in MODEL_GROUPS and g != DATASETS.group] + ["trainer", "logger"]
 
 
 def small(*overrides: str) -> list[str]:

@@ -12,50 +12,10 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from components.config import ComponentConfig
 from components.ffn.base import FFN
+from components.ffn.glu_activation import GLUActivationConfig
 from components.nn.build_context import INIT_STD, BuildContext
-from components.ops.activations import GLU_ACTIVATIONS, glu_activation
-from components.ops.backend import allowed_backends
 from components.registry import FFNS, ConfigError
-
-
-@dataclass
-class GLUActivationConfig(ComponentConfig):
-    """Activation fields shared by every FFN: ``glu``, ``swiglu`` or ``situ_glu`` (K3)."""
-
-    activation: str = "situ_glu"
-    # SiTU-GLU softcaps: gate cap beta (K3: 4) and value cap linear_beta (K3: 25; None = uncapped)
-    situ_beta: float = 4.0
-    situ_linear_beta: Optional[float] = 25.0
-    # SiTU-GLU back-end: torch (reference), triton (fused kernel, CUDA) or auto (components/ops/backend.py)
-    activation_backend: str = "auto"
-
-    def activation_fn(self):
-        if self.activation == "situ_glu":
-            return glu_activation(
-                "situ_glu", beta=self.situ_beta, linear_beta=self.situ_linear_beta, backend=self.activation_backend
-            )
-        return glu_activation(self.activation)
-
-    def kernel_backends(self) -> dict[str, str]:
-        return {"activation_backend": self.activation_backend} if self.activation == "situ_glu" else {}
-
-    def validate_activation(self, key: str) -> None:
-        if self.activation not in GLU_ACTIVATIONS:
-            raise ConfigError(
-                f"{key}.activation",
-                f"unknown activation '{self.activation}'; choose one of {', '.join(sorted(GLU_ACTIVATIONS))}",
-            )
-        if self.situ_beta <= 0:
-            raise ConfigError(f"{key}.situ_beta", f"must be positive, got {self.situ_beta}")
-        if self.situ_linear_beta is not None and self.situ_linear_beta <= 0:
-            raise ConfigError(f"{key}.situ_linear_beta", f"must be positive or null, got {self.situ_linear_beta}")
-        if self.activation_backend not in allowed_backends("situ_glu"):
-            raise ConfigError(
-                f"{key}.activation_backend",
-                f"'{self.activation_backend}' is not allowed; choose one of {', '.join(allowed_backends('situ_glu'))}",
-            )
 
 
 def default_hidden_dim(d_model: int, multiple: int = 64) -> int:

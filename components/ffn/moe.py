@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from components.ffn.base import FFN
-from components.ffn.dense import GLUMLP, GLUActivationConfig
+from components.ffn.dense import GLUMLP
 from components.ffn.experts import DISPATCH_CHOICES, RoutedExperts
+from components.ffn.glu_activation import GLUActivationConfig
 from components.ffn.router import ROUTER_ACTIVATIONS, Router
 from components.nn.build_context import BuildContext
 from components.nn.rmsnorm import RMSNorm

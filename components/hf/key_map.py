@@ -21,10 +21,9 @@ sandbox                                    checkpoint
 ``layers.i.ffn.<other>``                   ``P layers.i.block_sparse_moe.<other>`` (router ``gate``, its
                                            ``e_score_correction_bias``, ``shared_experts``, latent projections
                                            and norm)
-``residual.<self_attention|mlp>_res_proj.i``  ``P layers.i.<self_attention|mlp>_res_proj.weight`` ``[1, d]``
-``residual.<self_attention|mlp>_res_norm.i``  ``P layers.i.<self_attention|mlp>_res_norm.weight``
-``residual.output_attn_res_<proj|norm>``   ``P output_attn_res_proj.weight`` ``[1, d]``,
-                                           ``P output_attn_res_norm.weight``
+``residual.<name>``                         ``P <the scheme's checkpoint_names()>`` (AttnRes: the release's
+                                           ``layers.i.<self_attention|mlp>_res_<proj|norm>.weight`` and
+                                           ``output_attn_res_<proj|norm>.weight``, queries as ``[1, d]``)
 ``mtp.j.<hidden|embed>_norm``              ``P layers.<L+j>.<hnorm|enorm>.weight`` (DeepSeek-V3's MTP layout)
 ``mtp.j.proj [d, 2d]``                     ``P layers.<L+j>.eh_proj.weight`` (its input halves swapped: the
                                            checkpoint's order is [embedding, hidden])
@@ -43,6 +42,7 @@ from typing import Callable
 import torch
 
 from components.model import Decoder
+from components.residual.base import CheckpointName
 
 TEXT_PREFIX = "model."
 MULTIMODAL_PREFIX = "language_model.model."
@@ -74,9 +74,9 @@ def _same(key: str) -> Mapping:
     return Mapping((key,), lambda t: [t], lambda ts: ts[0])
 
 
-def _row(key: str) -> Mapping:
-    """A ``[d]`` vector stored as the weight of ``Linear(d, 1)``: ``[1, d]``."""
-    return Mapping((key,), lambda t: [t.reshape(1, -1)], lambda ts: ts[0].reshape(-1))
+def _reshaped(key: str, stored: tuple[int, ...], own: tuple[int, ...]) -> Mapping:
+    """A tensor of shape ``own`` stored with shape ``stored`` (same numbers, same order)."""
+    return Mapping((key,), lambda t: [t.reshape(stored)], lambda ts: ts[0].reshape(own))
 
 
 def _experts(base: str, matrix: str, num_experts: int) -> Mapping:
@@ -115,6 +115,16 @@ def _block_mapping(block_prefix: str, rest: str, num_experts: dict[str, int], ow
     raise UnmappedKey(f"parameter '{owner}.{rest}' has no checkpoint name")
 
 
+def _residual_mapping(key: str, names: dict[str, CheckpointName], tensor: torch.Tensor, prefix: str) -> Mapping:
+    name = names.get(key.removeprefix("residual."))
+    if name is None:
+        raise UnmappedKey(f"parameter '{key}' has no checkpoint name (the residual scheme's checkpoint_names())")
+    own = tuple(tensor.shape)
+    if name.shape is None or tuple(name.shape) == own:
+        return _same(f"{prefix}{name.key}")
+    return _reshaped(f"{prefix}{name.key}", tuple(name.shape), own)
+
+
 def checkpoint_mappings(model: Decoder, prefix: str = TEXT_PREFIX) -> dict[str, Mapping]:
     """``{sandbox state-dict key: Mapping}`` for every persistent tensor of ``model``."""
     if prefix not in PREFIXES.values():
@@ -127,8 +137,10 @@ def checkpoint_mappings(model: Decoder, prefix: str = TEXT_PREFIX) -> dict[str, 
             if routed is not None:
                 num_experts[f"{name}.{i}"] = routed.num_experts
     tied = model.lm_head.weight is model.embed.weight
+    residual_names = model.residual.checkpoint_names()
+    state = model.state_dict()
     out: dict[str, Mapping] = {}
-    for key in model.state_dict():
+    for key in state:
         if key == "embed.weight":
             out[key] = _same(f"{prefix}embed_tokens.weight")
         elif key == "norm.weight":
@@ -138,14 +150,8 @@ def checkpoint_mappings(model: Decoder, prefix: str = TEXT_PREFIX) -> dict[str, 
                 out[key] = _same(lm_head_key(prefix))
         elif m := re.match(r"^layers\.(\d+)\.(.+)$", key):
             out[key] = _block_mapping(f"{prefix}layers.{m.group(1)}.", m.group(2), num_experts, f"layers.{m.group(1)}")
-        elif m := re.match(r"^residual\.(self_attention_res_proj|mlp_res_proj)\.(\d+)$", key):
-            out[key] = _row(f"{prefix}layers.{m.group(2)}.{m.group(1)}.weight")
-        elif m := re.match(r"^residual\.(self_attention_res_norm|mlp_res_norm)\.(\d+)\.weight$", key):
-            out[key] = _same(f"{prefix}layers.{m.group(2)}.{m.group(1)}.weight")
-        elif key == "residual.output_attn_res_proj":
-            out[key] = _row(f"{prefix}output_attn_res_proj.weight")
-        elif key == "residual.output_attn_res_norm.weight":
-            out[key] = _same(f"{prefix}output_attn_res_norm.weight")
+        elif key.startswith("residual."):
+            out[key] = _residual_mapping(key, residual_names, state[key], prefix)
         elif m := re.match(r"^mtp\.(\d+)\.(.+)$", key):
             j, rest = int(m.group(1)), m.group(2)
             block_prefix = f"{prefix}layers.{n_layers + j}."

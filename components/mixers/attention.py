@@ -35,9 +35,16 @@ class AttentionConfig(ComponentConfig):
     rope_theta: float = 10000.0
 
     def kv_heads(self) -> int:
-        if self.n_kv_heads is not None:
-            return self.n_kv_heads
-        return {"mha": self.n_heads, "mqa": 1}.get(self.name, self.n_heads)
+        return self.n_kv_heads if self.n_kv_heads is not None else self.default_kv_heads()
+
+    def default_kv_heads(self) -> int:
+        """K/V heads when ``n_kv_heads`` is unset; each variant states its own rule."""
+        return self.n_heads
+
+    def check_kv_heads(self, kv: int, key: str) -> None:
+        """Refuse a K/V head count the variant does not allow (GQA: any divisor of ``n_heads``)."""
+        if self.n_kv_heads is None:
+            raise ConfigError(f"{key}.n_kv_heads", f"{self.name} needs n_kv_heads")
 
     def head_size(self, d_model: int) -> int:
         return self.head_dim if self.head_dim is not None else d_model // self.n_heads
@@ -63,15 +70,7 @@ class AttentionConfig(ComponentConfig):
             raise ConfigError(
                 f"{key}.n_kv_heads", f"{key}.n_heads={self.n_heads} is not divisible by {key}.n_kv_heads={kv}"
             )
-        if self.name == "mha" and kv != self.n_heads:
-            raise ConfigError(
-                f"{key}.n_kv_heads",
-                f"mha uses n_kv_heads = n_heads = {self.n_heads}, got {kv}; use mixer=gqa for fewer K/V heads",
-            )
-        if self.name == "mqa" and kv != 1:
-            raise ConfigError(f"{key}.n_kv_heads", f"mqa uses one K/V head, got {kv}; use mixer=gqa for more")
-        if self.name == "gqa" and self.n_kv_heads is None:
-            raise ConfigError(f"{key}.n_kv_heads", "gqa needs n_kv_heads")
+        self.check_kv_heads(kv, key)
         if self.rope_theta <= 0:
             raise ConfigError(f"{key}.rope_theta", f"must be positive, got {self.rope_theta}")
 
@@ -79,6 +78,13 @@ class AttentionConfig(ComponentConfig):
 @dataclass
 class MHAConfig(AttentionConfig):
     name: str = "mha"
+
+    def check_kv_heads(self, kv: int, key: str) -> None:
+        if kv != self.n_heads:
+            raise ConfigError(
+                f"{key}.n_kv_heads",
+                f"mha uses n_kv_heads = n_heads = {self.n_heads}, got {kv}; use mixer=gqa for fewer K/V heads",
+            )
 
 
 @dataclass
@@ -90,6 +96,13 @@ class GQAConfig(AttentionConfig):
 @dataclass
 class MQAConfig(AttentionConfig):
     name: str = "mqa"
+
+    def default_kv_heads(self) -> int:
+        return 1
+
+    def check_kv_heads(self, kv: int, key: str) -> None:
+        if kv != 1:
+            raise ConfigError(f"{key}.n_kv_heads", f"mqa uses one K/V head, got {kv}; use mixer=gqa for more")
 
 
 class KVCache:

@@ -8,8 +8,6 @@ matching the reference `SituAndMul`.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from types import ModuleType
 from typing import Callable
 
@@ -108,22 +106,3 @@ def situ_glu(
         return situ_glu_reference(gate, up, beta, linear_beta)
     beta, linear_beta = _resolve_betas(beta, linear_beta)
     return _triton_module().situ_glu_triton(gate, up, beta, linear_beta)
-
-
-GLU_ACTIVATIONS: dict[str, GluFn] = {
-    "glu": glu,
-    "swiglu": swiglu,
-    "situ_glu": situ_glu,
-}
-
-
-def glu_activation(name: str, **kwargs) -> GluFn:
-    """Look up a GLU activation by name, binding keyword arguments (e.g. beta for situ_glu)."""
-    try:
-        fn = GLU_ACTIVATIONS[name]
-    except KeyError:
-        raise ValueError(f"unknown GLU activation {name!r}; allowed: {sorted(GLU_ACTIVATIONS)}") from None
-    if not kwargs:
-        return fn
-    inspect.signature(fn).bind_partial(None, None, **kwargs)  # TypeError now, not at the first call
-    return functools.partial(fn, **kwargs)

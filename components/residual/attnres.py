@@ -57,7 +57,7 @@ from components.nn.rmsnorm import RMSNorm
 from components.ops.attnres import attnres_read
 from components.ops.backend import allowed_backends
 from components.registry import RESIDUALS, ConfigError
-from components.residual.base import ResidualScheme
+from components.residual.base import CheckpointName, ResidualScheme
 
 ReadKey = Union[int, str]  # sublayer index, or "final"
 
@@ -153,6 +153,18 @@ class _AttnResBase(ResidualScheme):
         # decaying a pseudo-query pulls the depth mix back to uniform
         per_layer = ("self_attention_res_proj", "mlp_res_proj")
         return {f"{group}.{i}" for group in per_layer for i in range(self.n_layers)} | {"output_attn_res_proj"}
+
+    def checkpoint_names(self) -> dict[str, CheckpointName]:
+        # the release's names; each pseudo-query is the weight of a Linear(d, 1) there: [1, d]
+        row = (1, self.d_model)
+        names = {}
+        for group in ("self_attention_res", "mlp_res"):
+            for i in range(self.n_layers):
+                names[f"{group}_proj.{i}"] = CheckpointName(f"layers.{i}.{group}_proj.weight", row)
+                names[f"{group}_norm.{i}.weight"] = CheckpointName(f"layers.{i}.{group}_norm.weight")
+        names["output_attn_res_proj"] = CheckpointName("output_attn_res_proj.weight", row)
+        names["output_attn_res_norm.weight"] = CheckpointName("output_attn_res_norm.weight")
+        return names
 
     def _params_for(self, key: ReadKey) -> tuple[nn.Parameter, torch.Tensor]:
         if key == "final":

@@ -15,6 +15,7 @@ sources); the decoder only passes it along.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -22,6 +23,15 @@ from torch import nn
 
 from components.nn.build_context import BuildContext
 from components.nn.weight_decay import HasNoWeightDecay
+
+
+@dataclass(frozen=True)
+class CheckpointName:
+    """Where one of a scheme's tensors sits in an exported checkpoint: ``key`` below the decoder's
+    prefix (``model.``), stored with ``shape`` (None: the tensor's own shape)."""
+
+    key: str
+    shape: Optional[tuple[int, ...]] = None
 
 
 class ResidualScheme(HasNoWeightDecay):
@@ -67,3 +77,9 @@ class ResidualScheme(HasNoWeightDecay):
 
     def reset_depth_weights(self) -> None:
         """Forget recorded depth weights."""
+
+    # -- export ---------------------------------------------------------------------------------
+    def checkpoint_names(self) -> dict[str, CheckpointName]:
+        """``{state-dict key below residual.: CheckpointName}`` for every tensor the scheme owns, so an
+        export (``components/hf/key_map.py``) can name them; a scheme without parameters has none."""
+        return {}

@@ -6,7 +6,7 @@ import torch
 import torch._dynamo
 
 from components.ffn.experts import RoutedExperts, block_plan, block_rows, experts_reference, num_blocks
-from components.ops.activations import glu_activation
+from components.ffn.glu_activation import glu_activation
 
 SITU = glu_activation("situ_glu", beta=4.0, linear_beta=25.0)
 

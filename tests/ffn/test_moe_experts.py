@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from components.ffn.experts import RoutedExperts, capacity, experts_reference, grouped_mm_supported
-from components.ops.activations import glu_activation
+from components.ffn.glu_activation import glu_activation
 
 SITU = glu_activation("situ_glu", beta=4.0, linear_beta=25.0)
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dict(rtol=1e-12, atol=1e-12)}

@@ -9,7 +9,7 @@ import torch
 
 from components.ffn import experts as experts_mod
 from components.ffn.experts import DISPATCH_CHOICES, RoutedExperts, auto_dispatch, grouped_mm_supported
-from components.ops.activations import glu_activation
+from components.ffn.glu_activation import glu_activation
 
 SITU = glu_activation("situ_glu", beta=4.0, linear_beta=25.0)
 E, D, M = 8, 16, 32  # fp32 with widths a multiple of 4: grouped_mm runs on the CPU in torch 2.13

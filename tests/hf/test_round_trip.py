@@ -9,15 +9,17 @@ import itertools
 import pytest
 import torch
 
+from components import registry
 from components.hf.checkpoint import WeightsMismatch, check_weights, export_weights, import_weights
 from components.hf.key_map import MULTIMODAL_PREFIX, TEXT_PREFIX, UnmappedKey, checkpoint_mappings
 from components.hf.safetensors_files import read_header
 from components.model import Decoder
+from components.residual.base import CheckpointName
 from tests.helpers import compose_root
 
-MIXERS = ["mha", "gqa", "mqa", "mla", "kda"]
-FFNS = ["dense", "moe", "latent_moe", "stable_latent_moe"]
-RESIDUALS = ["plain", "full_attnres", "block_attnres"]
+MIXERS = registry.MIXERS.names()
+FFNS = registry.FFNS.names()
+RESIDUALS = registry.RESIDUALS.names()
 TINY = ["model.d_model=32", "model.n_layers=3", "model.tie_embeddings=false"]
 SIZES = {
     "mla": [
@@ -129,6 +131,25 @@ def test_a_parameter_without_a_rule_is_an_error():
     model = _model("gqa", "dense", "plain", 0)
     model.register_parameter("stray", torch.nn.Parameter(torch.zeros(3)))
     with pytest.raises(UnmappedKey, match="'stray'"):
+        checkpoint_mappings(model, TEXT_PREFIX)
+
+
+def test_residual_tensors_take_the_names_their_scheme_declares(monkeypatch):
+    model = _model("gqa", "dense", "full_attnres", 0)
+    declared = {k: CheckpointName(f"renamed.{v.key}", v.shape) for k, v in model.residual.checkpoint_names().items()}
+    monkeypatch.setattr(model.residual, "checkpoint_names", lambda: declared)
+    state = model.state_dict()
+    residual_keys = [k for k in state if k.startswith("residual.")]
+    assert residual_keys
+    for key, mapping in checkpoint_mappings(model, TEXT_PREFIX).items():
+        if key in residual_keys:
+            (name,) = mapping.keys
+            assert name == f"model.{declared[key.removeprefix('residual.')].key}"
+            stored = mapping.to_checkpoint(state[key])[0]
+            assert tuple(stored.shape) == (declared[key.removeprefix("residual.")].shape or tuple(state[key].shape))
+            assert torch.equal(mapping.from_checkpoint([stored]), state[key])
+    del declared["output_attn_res_proj"]
+    with pytest.raises(UnmappedKey, match="'residual.output_attn_res_proj'"):
         checkpoint_mappings(model, TEXT_PREFIX)
 
 

@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from components.ffn.glu_activation import GLU_ACTIVATIONS, glu_activation
 from components.ops.activations import (
-    GLU_ACTIVATIONS,
-    glu_activation,
     situ_glu,
     situ_glu_reference,
     swiglu,
@@ -48,7 +47,7 @@ SITU_1 = {
 def test_situ_1_table(name, dtype):
     a = torch.tensor(SITU_1_A, dtype=dtype)
     b = torch.full_like(a, SITU_1_B)
-    z = GLU_ACTIVATIONS[name](a, b)
+    z = GLU_ACTIVATIONS[name].fn(a, b)
     assert z.dtype == dtype
     # table values are rounded to 3 decimals
     torch.testing.assert_close(z, torch.tensor(SITU_1[name], dtype=dtype), rtol=0, atol=5e-4)
@@ -79,8 +78,8 @@ def test_beta_defaults_and_fallback():
 
 def test_glu_activation_lookup():
     a, b = torch.randn(4, 6), torch.randn(4, 6)
-    for name, fn in GLU_ACTIVATIONS.items():
-        torch.testing.assert_close(glu_activation(name)(a, b), fn(a, b))
+    for name, entry in GLU_ACTIVATIONS.items():
+        torch.testing.assert_close(glu_activation(name)(a, b), entry.fn(a, b))
     torch.testing.assert_close(
         glu_activation("situ_glu", beta=2.0, linear_beta=None)(a, b),
         situ_glu_reference(a, b, beta=2.0, linear_beta=None),
@@ -145,7 +144,7 @@ def test_first_order_equal_to_swiglu_near_zero():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_inputs_computed_in_fp32(name, dtype):
     torch.manual_seed(0)
-    fn = GLU_ACTIVATIONS[name]
+    fn = GLU_ACTIVATIONS[name].fn
     a = (torch.randn(64, 33) * 4).to(dtype)
     b = (torch.randn(64, 33) * 40).to(dtype)
     z = fn(a, b)
