@@ -29,6 +29,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from components.flop_count import parameter_counts, training_flops_per_token
 from components.model import Decoder, build_on_meta
 from components.registry import ConfigError
 from runtime.launch import compose, strip_hydra
@@ -199,7 +200,8 @@ def latent_budget(model: Decoder) -> Optional[dict[str, Any]]:
 def report(
     overrides: list[str], seq_len: int = 4096, cache_bytes: int = 2, state_bytes: Optional[list[int]] = None
 ) -> dict[str, Any]:
-    model = build_meta(overrides)
+    run_root = validate(strip_hydra(compose(overrides)))
+    model = build_on_meta(run_root.decoder_config())
     root = model.config
     out: dict[str, Any] = {
         "overrides": overrides,
@@ -213,7 +215,20 @@ def report(
     out["attnres"] = attnres_reads(model)
     out["cache"] = cache_report(model, seq_len, cache_bytes, state_bytes or [2, 4])
     out["latent_moe"] = latent_budget(model)
+    out["compute"] = compute_report(model, run_root.data.seq_len)
     return out
+
+
+def compute_report(model: Decoder, seq_len: int) -> dict[str, Any]:
+    """Parameters by kind and training FLOPs per token by part at the run's sequence length, as a run's
+    ``summary.json`` records them (``components/flop_count.py``)."""
+    by_part = training_flops_per_token(model, seq_len)
+    return {
+        "params": parameter_counts(model),
+        "seq_len": seq_len,
+        "flops_per_token": sum(by_part.values()),
+        "flops_per_token_by_part": by_part,
+    }
 
 
 def _ranges(idx: list[int]) -> str:
@@ -270,6 +285,13 @@ def print_table(r: dict[str, Any]) -> None:
             f"  {kind}: prefill {m['prefill_macs_per_cached_position']:,} / decode "
             f"{m['decode_macs_per_cached_position']:,} multiply-adds per cached position per layer"
         )
+    comp = r["compute"]
+    print(
+        f"\ntraining FLOPs per token at {comp['seq_len']:,} tokens (forward + backward): {comp['flops_per_token']:,.0f}"
+    )
+    for part, flops in comp["flops_per_token_by_part"].items():
+        share = flops / comp["flops_per_token"] if comp["flops_per_token"] else 0.0
+        print(f"  {part:<10} {flops:>22,.0f}   {100 * share:5.1f}%")
     lb = r["latent_moe"]
     if lb:
         print(

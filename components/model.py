@@ -21,6 +21,7 @@ from torch import nn
 from components.cache import DecoderCache
 from components.config import DecoderConfig
 from components.ffn.base import FFN
+from components.flop_count import training_flops_per_token
 from components.layer_plan import LayerSpec
 from components.mixers.base import Mixer
 from components.mtp import MTPDepth, mtp_losses, mtp_spec
@@ -169,10 +170,8 @@ class Decoder(nn.Module):
         return total
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token (forward + backward = 3 x forward) at a given sequence length."""
-        forward = 2.0 * self.active_params()
-        forward += sum(block.mixer.flops_per_token(seq_len) for block in [*self.layers, *self.mtp])
-        return 3.0 * forward
+        """Training FLOPs per token at a sequence length (the parts: ``components/flop_count.py``)."""
+        return sum(training_flops_per_token(self, seq_len).values())
 
     def decode_state_numbers(self) -> dict[str, int]:
         """Numbers the decoding state of one sequence holds, all layers: ``per_token`` for the growing

@@ -19,6 +19,7 @@ import re
 import time
 from typing import Any, Optional
 
+from components.flop_count import compute_record
 from components.hf.checkpoint import import_weights
 from components.layer_plan import describe_plan
 from components.registry import DATASETS
@@ -237,6 +238,8 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
             "active_params": model.active_params(),
             "d_model": root.model.d_model,
             "decode_state_numbers": model.decode_state_numbers(),  # analysis.compare's state-size axis
+            # parameters by kind, training tokens and FLOPs by part (components/flop_count.py): a scaling fit's x
+            "compute": compute_record(model, seq_len, throughput.total_tokens),
             "val": dict(module.last_val_metrics),
             "metric": dataset.metrics.record(),  # which of them is primary, and whether higher is better
             "baselines": dataset.baselines(),

@@ -294,11 +294,13 @@ class KimiDeltaAttention(Mixer):
 
     # -- accounting -------------------------------------------------------------------------------
     def flops_per_token(self, seq_len: int) -> float:
-        # chunked form, forward: intra-chunk (C x C) products over K and V, the UT solve, and the
-        # state read/update (K x V) per token and head; an approximation of the kernel's work
+        # the chunked algorithm's multiply-adds per token and head (causal halves of C x C products):
+        # q k^T and (beta k) k^T over K (C K), their UT solve (C^2 / 6), the chunk's w over K and u over V
+        # (C K / 2 + C V / 2), the intra-chunk output over V (C V / 2), and the state's read by q and w and
+        # its update (3 K V)
         C = min(self.cfg.chunk_size, max(seq_len, 1))
         K = V = self.head_dim
-        per_head = 2 * (C * (2 * K + V) / 2 + C * C / 6 + 3 * K * V)
+        per_head = 2 * (C * (3 * K / 2 + V) + C * C / 6 + 3 * K * V)
         return self.n_heads * per_head
 
     def cache_numbers_per_token(self) -> int:

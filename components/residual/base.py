@@ -71,6 +71,14 @@ class ResidualScheme(HasNoWeightDecay):
         (AttnRes); None for a plain running sum."""
         return None
 
+    def flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs per token of the depth reads (``components/flop_count.py``); 0 for a running sum."""
+        reads = self.sources_per_read()
+        if reads is None:
+            return 0.0
+        # per read of S sources: S query logits and the weighted sum, d multiply-adds each
+        return 2.0 * 2 * self.d_model * sum(sources for _, sources in reads)
+
     def depth_weights(self) -> Optional[dict[str, Any]]:
         """Mean depth-mixing weights recorded while ``record_weights`` was on; None when there are none."""
         return None
