@@ -38,6 +38,7 @@ from timing import medians  # noqa: E402
 from timing import time_interleaved as _time_interleaved  # noqa: E402
 
 from components.model import Decoder  # noqa: E402
+from components.objective import cross_entropy  # noqa: E402
 from components.optim.param_groups import adamw_param_groups, unique_trainable  # noqa: E402
 from runtime.launch import compose, strip_hydra  # noqa: E402
 from runtime.validation import validate  # noqa: E402
@@ -82,7 +83,7 @@ def make_step(model: Decoder, ids: torch.Tensor, targets: torch.Tensor, compile:
 
     def step() -> None:
         logits = forward(ids)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = cross_entropy(logits, targets, reduction="mean")
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
