@@ -25,6 +25,8 @@ Every point runs as one Hydra multirun (``train.py -m``) into the same sweep fol
 ``<output_root>/sweeps/<STUDY>-<time>/<point>/<job>``: all jobs share one W&B group, carry ``point=<name>``
 and the varied options as tags, and land in the folder's ``index.jsonl`` for ``python -m analysis.compare``.
 GPU scale: pass e.g. ``trainer=gpu model.d_model=1024`` after the study name.
+
+``python -m sweeps.run ladder DECISION ...`` launches a scaling ladder instead (``sweeps/ladder.py``).
 """
 
 from __future__ import annotations
@@ -182,8 +184,13 @@ def run_points(cmds: list[tuple[str, list[str]]], output_root: Path, env: dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["ladder"]:  # a scaling ladder: sweeps/ladder.py
+        from sweeps import ladder
+
+        return ladder.main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("study", help="one of: " + ", ".join(study_names()))
+    p.add_argument("study", help="one of: " + ", ".join(study_names()) + "; or ladder (python -m sweeps.run ladder -h)")
     p.add_argument("--smoke", action="store_true", help="add the study's smoke overrides (a few steps)")
     p.add_argument("--dry-run", action="store_true", help="print the train.py commands without running them")
     p.add_argument("--output-root", default="outputs", help="the sweep folder goes under <output-root>/sweeps/")

@@ -1,0 +1,134 @@
+"""The scaling ladder's plan (sweeps/ladder.py, sweeps/ladder_rungs.py): the size rule, budgets, branch
+points, learning-rate choice, finished-run detection and refusals, without training."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from analysis.model_report import report
+from components.optim.schedules.wsd import decay_start
+from sweeps import ladder
+from sweeps.ladder_rungs import Rung
+
+
+def test_the_rule_at_k3_smalls_size_is_k3_small():
+    k3_small = report(["experiment=k3_small"])
+    rebuilt = report(["experiment=k3_small", *Rung(256, 8).overrides()])
+    for key in ("total_params", "active_params", "params_by_kind", "schedule", "attnres", "compute"):
+        assert rebuilt[key] == k3_small[key], key
+
+
+@pytest.mark.parametrize("preset", ["cpu", "gpu"])
+def test_every_rung_composes_in_both_arms_and_spans_8x(preset):
+    p = ladder.load_preset(preset)
+    for decision in ladder.decision_names():
+        d = ladder.load_decision(decision)
+        sizes = {
+            arm: [ladder.account(ladder.arm_overrides(d[arm], r, p, [], True)) for r in p.rungs] for arm in ladder.ARMS
+        }
+        non_embedding = [s.non_embedding_params for s in sizes["baseline"]]
+        assert non_embedding == sorted(non_embedding) and non_embedding[-1] >= 8 * non_embedding[0]
+        # an arm flips one decision: the same rung is (nearly) the same size in both
+        for a, b in zip(sizes["baseline"], sizes["variant"]):
+            assert abs(a.active_params - b.active_params) < 0.01 * a.active_params
+
+
+def test_budgets_branch_points_and_checkpoints():
+    p = ladder.load_preset("cpu")
+    d = ladder.load_decision("block_attnres")
+    runs = ladder.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder.ARMS})
+    by_name = {r.name: r for r in runs}
+    stable = [r for r in runs if r.phase == "stable"]
+    assert len(stable) == 2 * len(p.rungs) * len(p.seeds)
+    for run in stable:
+        assert run.steps == math.ceil(p.tokens_per_param * run.size.active_params / run.size.tokens_per_step)
+        assert run.tokens >= p.tokens_per_param * run.size.active_params
+    for run in (r for r in runs if r.phase == "branch"):
+        parent = by_name[run.branch_of]
+        assert run.init_step == decay_start(run.steps, run.warmup, p.decay_fraction)
+        assert run.init_step % parent.checkpoint_every == 0  # the stable run saves that step
+        assert run.init_step < decay_start(parent.steps, parent.warmup, p.decay_fraction)  # still at the peak
+        assert run.warmup == parent.warmup
+    lr_runs = [r for r in runs if r.phase == "lr"]
+    assert {r.rung for r in lr_runs} == set(p.rungs[: p.lr_sweep_rungs])
+    assert len(lr_runs) == 2 * p.lr_sweep_rungs * len(p.lr_factors)
+    branch = next(r for r in runs if r.phase == "branch")
+    argv = ladder.run_overrides(branch, d[branch.arm], p, [], ladder.Path("/runs"))
+    assert f"init_step={branch.init_step}" in argv and "ckpt_path=last" in argv
+    assert f"init_from=/runs/{branch.branch_of}" in argv
+
+
+def _fake_lr_summaries(runs, best_factor, preset):
+    out = {}
+    for run in runs:
+        if run.phase == "lr":
+            # a bowl in log lr around best_factor * base, deeper for larger models
+            gap = math.log(run.lr_factor / best_factor[run.rung.name]) ** 2
+            out[run.name] = {"val": {"loss": 2.0 - 0.01 * math.log(run.size.active_params) + gap}}
+    return out
+
+
+def test_learning_rates_are_fitted_against_size_and_edges_flagged():
+    p = ladder.load_preset("cpu")
+    d = ladder.load_decision("block_attnres")
+    runs = ladder.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder.ARMS})
+    swept = p.rungs[: p.lr_sweep_rungs]
+    best = {swept[0].name: 1.0, swept[1].name: 0.5}
+    chosen = ladder.choose_learning_rates(runs, _fake_lr_summaries(runs, best, p), p)
+    for arm in ladder.ARMS:
+        rates, edges = chosen[arm]
+        assert rates[swept[0].name] == pytest.approx(p.lr_base * 1.0)
+        assert rates[swept[1].name] == pytest.approx(p.lr_base * 0.5)
+        assert edges == {swept[0].name: False, swept[1].name: True}
+        # the power law continues to the larger rungs: lower rates for larger models
+        ordered = [rates[r.name] for r in p.rungs]
+        assert ordered == sorted(ordered, reverse=True)
+
+
+def test_finished_means_every_planned_step(tmp_path):
+    run = tmp_path / "variant-d32x4-s0"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"steps": 40, "planned_steps": 100}))
+    assert ladder.finished_summary(tmp_path, "variant-d32x4-s0") is None
+    again = tmp_path / "variant-d32x4-s0-2"
+    again.mkdir()
+    (again / "summary.json").write_text(json.dumps({"steps": 100, "planned_steps": 100, "val": {"loss": 1.0}}))
+    assert ladder.finished_summary(tmp_path, "variant-d32x4-s0")["steps"] == 100
+    assert ladder.finished_summary(tmp_path, "variant-d32x4-s1") is None
+
+
+def test_gpu_dry_run_prints_runs_flops_and_gpu_hours(capsys):
+    assert ladder.main(["block_attnres", "--preset", "gpu", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "variant-d1536x20-s1-tpp10" in out and "GPU-hours:" in out and "training FLOPs in all" in out
+
+
+@pytest.mark.parametrize(
+    "argv,named",
+    [
+        (["nosuch", "--dry-run"], "decision 'nosuch' not found"),
+        (["block_attnres", "--preset", "nosuch", "--dry-run"], "preset 'nosuch' not found"),
+        (["block_attnres", "--jobs", "0", "--dry-run"], "--jobs"),
+        (["block_attnres", "--dry-run", "--measure-steps", "0", "model.d_modle=3"], "model.d_modle"),
+    ],
+)
+def test_bad_input_is_refused_by_name(argv, named, capsys, tmp_path):
+    assert ladder.main([*argv, "--output-root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0]
+    assert not any(tmp_path.iterdir())
+
+
+def test_bad_preset_files_are_named(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rungs: [[32, 3]]\ntokens_per_param: 20\nseeds: [0]\nlr: {base: 1e-3}\noverrides: []\n")
+    with pytest.raises(ladder.LadderError, match="multiple of 4"):
+        ladder.load_preset(str(bad))
+    bad.write_text(
+        "rungs: [[32, 4], [48, 4]]\ntokens_per_param: 20\nseeds: [0]\nlr: {base: 1e-3}\noverrides: []\nx: 1\n"
+    )
+    with pytest.raises(ladder.LadderError, match="unknown keys x"):
+        ladder.load_preset(str(bad))
