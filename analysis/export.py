@@ -23,7 +23,6 @@ import os
 import shutil
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -31,8 +30,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: float, mxfp4_experts: bool) -> int:
-    from components.hf.checkpoint import export_weights
-    from components.hf.config_json import TOKENIZER_KEY, checkpoint_config, write_config
+    from components.hf.export_folder import write_model_folder
     from components.hf.key_map import PREFIXES
     from runtime.config import to_container
     from runtime.load_run import NoTokenizerError, RunLoadError, load_run, load_tokenizer
@@ -48,34 +46,29 @@ def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: flo
     staging = f"{out.rstrip(os.sep)}.partial-{os.getpid()}"
     os.makedirs(staging)
     try:
-        files = export_weights(
-            model,
+        try:  # the tokenizer travels with the weights, as in any Hugging Face model folder
+            tokenizer = load_tokenizer(run, root)
+        except NoTokenizerError as err:
+            tokenizer = None
+            print(f"note: no tokenizer written: {err}", file=sys.stderr)
+        written = write_model_folder(
             staging,
+            root,
+            model,
+            to_container(root),
             PREFIXES[prefix],
             int(max_shard_gb * (1 << 30)),
             DTYPES[dtype] if dtype else None,
             mxfp4_experts,
+            tokenizer,
         )
-        cfg = checkpoint_config(root, model, to_container(root))
-        if dtype:
-            cfg["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16"}[dtype]
-        extra = ["config.json"]
-        try:  # the tokenizer travels with the weights, as in any Hugging Face model folder
-            tokenizer = load_tokenizer(run, root)
-            if tokenizer.save(Path(staging)):
-                extra.append("tokenizer.json")
-            cfg["eos_token_id"] = tokenizer.eod_id
-            cfg[TOKENIZER_KEY] = tokenizer.describe()
-        except NoTokenizerError as err:
-            print(f"note: no tokenizer written: {err}", file=sys.stderr)
-        write_config(cfg, staging)
         if os.path.isdir(out):
             os.rmdir(out)  # empty, checked above
         os.rename(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    print(f"{out}: {cfg['model_type']} layout, {len(files)} weight file(s) ({', '.join(files)}), {', '.join(extra)}")
+    print(f"{out}: {written.summary()}")
     return 0
 
 

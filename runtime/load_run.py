@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import typing
 import warnings
 from typing import Any, Optional
 
 import torch
-from omegaconf import OmegaConf
 
 from components.config import ModelConfig
+from components.config_container import typed
 from components.data.text.tokenizers import TextTokenizer
 from components.model import Decoder
 from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
@@ -31,38 +30,6 @@ MODULE_PREFIX = "model."  # the training module holds the decoder as .model
 
 class RunLoadError(ValueError):
     """A run folder or checkpoint that cannot be loaded; the message names it and why."""
-
-
-def _typed(schema: type, node: dict) -> Any:
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), _int_keys_restored(schema, node)))
-
-
-def _int_keys_restored(schema: type, node: Any) -> Any:
-    """``node`` with the keys of ``schema``'s ``dict[int, ...]`` fields as ints again: a config that went
-    through JSON (an exported folder's config.json) has them as strings (``mixer_plan.at: {"-1": mla}``)."""
-    if not (dataclasses.is_dataclass(schema) and isinstance(node, dict)):
-        return node
-    hints = typing.get_type_hints(schema)
-    restored = dict(node)
-    for f in dataclasses.fields(schema):
-        if f.name not in restored:
-            continue
-        hint = hints[f.name]
-        if typing.get_origin(hint) is typing.Union:  # Optional[X]
-            hint = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
-        value = restored[f.name]
-        if typing.get_origin(hint) is dict and typing.get_args(hint)[:1] == (int,) and isinstance(value, dict):
-            restored[f.name] = {_as_int(k): v for k, v in value.items()}
-        elif dataclasses.is_dataclass(hint):
-            restored[f.name] = _int_keys_restored(hint, value)
-    return restored
-
-
-def _as_int(key: Any) -> Any:
-    try:
-        return int(key) if isinstance(key, str) else key
-    except ValueError:
-        return key  # left for the schema to refuse, naming the key
 
 
 # what runs saved before the schedule became its own group kept in the optimizer node
@@ -93,16 +60,16 @@ def config_from_container(data: dict) -> RootConfig:
     data = _with_schedule_node(data)
     fields: dict[str, Any] = {}
     for key in COMPONENT_KEYS:
-        fields[key] = _typed(REGISTRIES[key].get(data[key]["name"], key=f"{key}.name").config_cls, data[key])
+        fields[key] = typed(REGISTRIES[key].get(data[key]["name"], key=f"{key}.name").config_cls, data[key])
     fields["mixers"] = {
-        slot: _typed(REGISTRIES["mixer"].get(n["name"]).config_cls, n) for slot, n in (data.get("mixers") or {}).items()
+        slot: typed(REGISTRIES["mixer"].get(n["name"]).config_cls, n) for slot, n in (data.get("mixers") or {}).items()
     }
     fields["ffns"] = {
-        slot: _typed(REGISTRIES["ffn"].get(n["name"]).config_cls, n) for slot, n in (data.get("ffns") or {}).items()
+        slot: typed(REGISTRIES["ffn"].get(n["name"]).config_cls, n) for slot, n in (data.get("ffns") or {}).items()
     }
-    fields["model"] = _typed(ModelConfig, data["model"])
-    fields["trainer"] = _typed(TrainerConfig, data["trainer"])
-    fields["logger"] = _typed(LoggerConfig, data["logger"])
+    fields["model"] = typed(ModelConfig, data["model"])
+    fields["trainer"] = typed(TrainerConfig, data["trainer"])
+    fields["logger"] = typed(LoggerConfig, data["logger"])
     plain = {f.name for f in dataclasses.fields(RootConfig)} - set(fields)
     return RootConfig(**fields, **{k: data[k] for k in plain if k in data})
 
