@@ -157,19 +157,33 @@ def load_exported(folder: str) -> tuple[RootConfig, Decoder]:
     from components.hf.safetensors_files import CheckpointError
 
     cfg = read_config(folder)
-    if SANDBOX_KEY not in cfg:
-        raise RunLoadError(
-            f"{os.path.join(folder, 'config.json')} has no '{SANDBOX_KEY}' section (not exported by this "
-            "project), so it names no composed model: train from it with init_from=FOLDER and the "
-            "overrides that compose its model (e.g. experiment=k3_full)"
-        )
-    root = config_from_container(cfg[SANDBOX_KEY])
+    if SANDBOX_KEY in cfg:
+        root = config_from_container(cfg[SANDBOX_KEY])
+    else:
+        root = _foreign_composition(folder, cfg)
     model = Decoder(root.decoder_config())
     try:
         import_weights(folder, model)
     except (WeightsMismatch, CheckpointError) as err:
         raise RunLoadError(str(err)) from None
     return root, model.eval()
+
+
+def _foreign_composition(folder: str, cfg: dict) -> RootConfig:
+    """The composition of a folder transformers saved (a Llama model): components/hf/foreign_config.py."""
+    from components.hf.config_json import SANDBOX_KEY
+    from components.hf.foreign_config import ForeignConfigError, composition_overrides
+    from runtime.launch import validate_overrides
+
+    try:
+        overrides = composition_overrides(cfg)
+    except (ForeignConfigError, KeyError) as err:
+        raise RunLoadError(
+            f"{os.path.join(folder, 'config.json')} has no '{SANDBOX_KEY}' section (not exported by this "
+            f"project) and does not map onto a composition ({err}): train from it with init_from=FOLDER and "
+            "the overrides that compose its model (e.g. experiment=k3_full)"
+        ) from None
+    return validate_overrides(["data=corpus", *overrides])  # the data only completes the config
 
 
 class NoTokenizerError(RunLoadError):
@@ -182,14 +196,23 @@ def load_tokenizer(path: str, root: RootConfig) -> TextTokenizer:
     from pathlib import Path
 
     from components.data.base import NoTextTokenizer
-    from components.data.text.tokenizers import TokenizerError, load_prepared_tokenizer
+    from components.data.text.tokenizers import (
+        TOKENIZER_FILE,
+        TokenizerError,
+        load_prepared_tokenizer,
+        load_tokenizer_file,
+    )
     from components.hf.checkpoint import is_checkpoint_folder
-    from components.hf.config_json import TOKENIZER_KEY, read_config
+    from components.hf.config_json import SANDBOX_KEY, TOKENIZER_KEY, read_config
 
-    described = read_config(path).get(TOKENIZER_KEY) if is_checkpoint_folder(path) else None
+    folder = is_checkpoint_folder(path)
+    cfg = read_config(path) if folder else {}
+    described = cfg.get(TOKENIZER_KEY)
     try:
         if described:  # an exported folder: its own tokenizer, checked against the hash export recorded
             return load_prepared_tokenizer(Path(path), described)
+        if folder and SANDBOX_KEY not in cfg and (Path(path) / TOKENIZER_FILE).is_file():
+            return load_tokenizer_file(Path(path) / TOKENIZER_FILE)  # a folder transformers saved
         return root.data.text_tokenizer()
     except (TokenizerError, NoTextTokenizer) as err:
         raise NoTokenizerError(str(err)) from None
