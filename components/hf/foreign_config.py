@@ -77,8 +77,7 @@ def _key(override: str) -> str:
 
 
 def merged_overrides(derived: list[str], given: list[str]) -> list[str]:
-    """``derived`` without what ``given`` sets itself (a key, or a group whose fields ``given`` picks
-    anew), followed by ``given``."""
+    """``derived`` without the keys ``given`` sets itself, followed by ``given`` (a group chosen in
+    ``given``, ``model=tiny``, still takes the derived fields on top)."""
     keys = {_key(o) for o in given if "=" in o}
-    kept = [o for o in derived if not any(_key(o) == k or _key(o).startswith(f"{k}.") for k in keys)]
-    return [*kept, *given]
+    return [*(o for o in derived if _key(o) not in keys), *given]
