@@ -5,9 +5,12 @@
     python -m analysis.export --check-only FOLDER [overrides ...]     # default: experiment=k3_full
 
 The first form loads RUN (a run folder or checkpoint file, ``runtime/load_run.py``) and writes OUT:
-``model.safetensors`` (or shards with ``model.safetensors.index.json`` above ``--max-shard-gb``) and
-``config.json``, plus the run's ``tokenizer.json`` when its data has one. K3-family models take the
-released K3 layout and config schema; other components take their conventional names (``components/hf/key_map.py``).
+``model.safetensors`` (or shards with ``model.safetensors.index.json`` above ``--max-shard-gb``),
+``config.json``, the tokenizer files and ``generation_config.json`` (``components/hf/export_folder.py``).
+K3-family models take the released K3 layout; other components take their conventional names
+(``components/hf/key_map.py``). The config names the class that computes the model (Llama, Kimi Linear,
+the release's ``kimi_k3`` schema or the project's registered class), and the message says why a model
+is not one of transformers' own classes.
 OUT is written beside its final name and
 renamed into place when complete; an existing OUT is refused.
 
