@@ -28,8 +28,14 @@ from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, GenerationMixin, PreTrainedConfig
-from transformers import PreTrainedModel as _PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    GenerationMixin,
+    PreTrainedConfig,
+    PreTrainedModel,
+)
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -109,7 +115,7 @@ class SandboxCache(Cache):
         return f"SandboxCache(seq_len={self.decoder_cache.seq_len}, layers={len(self.decoder_cache.layers)})"
 
 
-class K3SandboxForCausalLM(_PreTrainedModel, GenerationMixin):
+class K3SandboxForCausalLM(PreTrainedModel, GenerationMixin):
     """``components.model.Decoder`` behind transformers' causal-LM interface."""
 
     config_class = K3SandboxConfig

@@ -172,3 +172,19 @@ print(type(model).__module__, type(model).__name__)
     assert "K3SandboxForCausalLM" in proc.stdout
     with torch.no_grad():
         assert torch.equal(torch.load(tmp_path / "logits.pt"), model(x))
+
+
+def test_save_pretrained_writes_a_folder_that_loads_again_and_padding_is_refused(tmp_path, k3):
+    root, model = k3
+    write(tmp_path / "a", root, model)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "a"))
+    hf.save_pretrained(str(tmp_path / "b"))
+    again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "b"))
+    x = ids(length=12)
+    with torch.no_grad():
+        assert torch.equal(again(x).logits, model(x))
+        mask = torch.ones_like(x)
+        assert torch.equal(hf(x, attention_mask=mask).logits, model(x))
+        mask[1, :3] = 0
+        with pytest.raises(ValueError, match="padded batches are not supported"):
+            hf(x, attention_mask=mask)
