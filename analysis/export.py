@@ -5,9 +5,12 @@
     python -m analysis.export --check-only FOLDER [overrides ...]     # default: experiment=k3_full
 
 The first form loads RUN (a run folder or checkpoint file, ``runtime/load_run.py``) and writes OUT:
-``model.safetensors`` (or shards with ``model.safetensors.index.json`` above ``--max-shard-gb``) and
-``config.json``, plus the run's ``tokenizer.json`` when its data has one. K3-family models take the
-released K3 layout and config schema; other components take their conventional names (``components/hf/key_map.py``).
+``model.safetensors`` (or shards with ``model.safetensors.index.json`` above ``--max-shard-gb``),
+``config.json``, the tokenizer files and ``generation_config.json`` (``components/hf/export_folder.py``).
+K3-family models take the released K3 layout; other components take their conventional names
+(``components/hf/key_map.py``). The config names the class that computes the model (Llama, Kimi Linear,
+the release's ``kimi_k3`` schema or the project's registered class), and the message says why a model
+is not one of transformers' own classes.
 OUT is written beside its final name and
 renamed into place when complete; an existing OUT is refused.
 
@@ -23,7 +26,6 @@ import os
 import shutil
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -31,8 +33,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: float, mxfp4_experts: bool) -> int:
-    from components.hf.checkpoint import export_weights
-    from components.hf.config_json import TOKENIZER_KEY, checkpoint_config, write_config
+    from components.hf.export_folder import write_model_folder
     from components.hf.key_map import PREFIXES
     from runtime.config import to_container
     from runtime.load_run import NoTokenizerError, RunLoadError, load_run, load_tokenizer
@@ -48,34 +49,29 @@ def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: flo
     staging = f"{out.rstrip(os.sep)}.partial-{os.getpid()}"
     os.makedirs(staging)
     try:
-        files = export_weights(
-            model,
+        try:  # the tokenizer travels with the weights, as in any Hugging Face model folder
+            tokenizer = load_tokenizer(run, root)
+        except NoTokenizerError as err:
+            tokenizer = None
+            print(f"note: no tokenizer written: {err}", file=sys.stderr)
+        written = write_model_folder(
             staging,
+            root,
+            model,
+            to_container(root),
             PREFIXES[prefix],
             int(max_shard_gb * (1 << 30)),
             DTYPES[dtype] if dtype else None,
             mxfp4_experts,
+            tokenizer,
         )
-        cfg = checkpoint_config(root, model, to_container(root))
-        if dtype:
-            cfg["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16"}[dtype]
-        extra = ["config.json"]
-        try:  # the tokenizer travels with the weights, as in any Hugging Face model folder
-            tokenizer = load_tokenizer(run, root)
-            if tokenizer.save(Path(staging)):
-                extra.append("tokenizer.json")
-            cfg["eos_token_id"] = tokenizer.eod_id
-            cfg[TOKENIZER_KEY] = tokenizer.describe()
-        except NoTokenizerError as err:
-            print(f"note: no tokenizer written: {err}", file=sys.stderr)
-        write_config(cfg, staging)
         if os.path.isdir(out):
             os.rmdir(out)  # empty, checked above
         os.rename(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    print(f"{out}: {cfg['model_type']} layout, {len(files)} weight file(s) ({', '.join(files)}), {', '.join(extra)}")
+    print(f"{out}: {written.summary()}")
     return 0
 
 

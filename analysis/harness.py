@@ -6,8 +6,11 @@
 
 The first form is the harness's own command line (``lm_eval``) with this module imported first, so that
 ``--model k3`` resolves: the harness (0.4) discovers models only among its own modules, so a bare
-``lm_eval --model k3`` cannot see a model defined outside it. Programmatically,
-``import analysis.harness`` then ``lm_eval.simple_evaluate(model="k3", model_args="run=RUN", ...)``.
+``lm_eval --model k3`` cannot see a model defined outside it. The harness's own Hugging Face model runs
+an exported folder the same way (``--model hf --model_args pretrained=OUT``): the command registers the
+project's transformers classes first, and a plain ``lm_eval`` reaches them with ``trust_remote_code=True``.
+Programmatically, ``import analysis.harness`` then ``lm_eval.simple_evaluate(model="k3", model_args="run=RUN",
+...)``.
 
 RUN is anything ``runtime/load_run.py`` loads; the tokenizer is the run's (bytes or its ``tokenizer.json``,
 ``load_tokenizer``). ``max_length`` (default: the run's training length) bounds the tokens one forward
@@ -20,6 +23,7 @@ import os
 import sys
 from typing import Any, Optional
 
+import lm_eval.models  # noqa: F401  (the harness's own models, hf among them: its registry lists them only while empty)
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -188,6 +192,15 @@ def task_manager(tasks: list[str], include_path: Optional[str] = None):
     return manager
 
 
+def _register_transformers_classes() -> None:
+    """The project's transformers classes registered, so the harness's own ``--model hf`` opens every
+    export (``components/hf/transformers_model.py``); nothing without transformers installed."""
+    try:
+        import components.hf.transformers_model  # noqa: F401
+    except ImportError:
+        pass
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """The harness's own command line, with ``k3`` registered; tasks and model arguments are checked
     before the run loads."""
@@ -198,6 +211,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from runtime.load_run import RunLoadError
 
     argv = sys.argv[1:] if argv is None else argv
+    _register_transformers_classes()
     known = argparse.ArgumentParser(add_help=False)
     known.add_argument("--tasks", "-t")
     known.add_argument("--include_path")

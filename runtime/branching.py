@@ -30,6 +30,31 @@ def check_weights_fit(folder: str, root: RootConfig) -> None:
         ) from None
 
 
+def with_folder_composition(overrides: list[str]) -> tuple[list[str], Optional[str]]:
+    """``overrides`` preceded by the composition of the folder ``init_from`` names when transformers saved
+    it (a Llama model, components/hf/foreign_config.py), minus what the overrides set themselves; and a
+    line saying so (None when nothing was added)."""
+    import os
+
+    from components.hf.config_json import SANDBOX_KEY, read_config
+    from components.hf.foreign_config import composition_overrides, merged_overrides
+
+    path = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("init_from=")), None)
+    if not path or not is_checkpoint_folder(path):
+        return overrides, None
+    try:
+        cfg = read_config(path)
+        if SANDBOX_KEY in cfg:
+            return overrides, None
+        derived = composition_overrides(cfg)
+    except (ValueError, KeyError):  # not a transformers model folder: check_weights_fit names what differs
+        return overrides, None
+    merged = merged_overrides(derived, overrides)
+    added = [o for o in merged if o not in overrides]
+    arch = (cfg.get("architectures") or [cfg.get("model_type")])[0]
+    return merged, f"init_from={os.path.basename(path.rstrip(os.sep))}: {arch}, composed as {' '.join(added)}"
+
+
 def branch_checkpoint(root: RootConfig) -> Optional[str]:
     """The checkpoint ``init_from`` / ``init_step`` name (None without ``init_from``, or when it names a
     folder of weights: the run then starts at step 0 from those weights); ConfigError naming the key

@@ -232,6 +232,19 @@ def resolve_run_dir(root: Any) -> Path:
 # ------------------------------------------------------------------------------------------------
 # Entry point
 # ------------------------------------------------------------------------------------------------
+def _with_init_folder_composition(argv: list[str]) -> list[str]:
+    """``argv`` preceded by the composition of an ``init_from`` folder transformers saved
+    (``runtime.branching.with_folder_composition``)."""
+    from runtime.branching import with_folder_composition
+
+    given = [a for a in argv if not a.startswith("-")]
+    merged, note = with_folder_composition(given)
+    if note is None:
+        return argv
+    print(note, file=sys.stderr)
+    return [*(o for o in merged if o not in given), *argv]
+
+
 def run(task: Callable[[DictConfig], Any], argv: Optional[list[str]] = None) -> Any:
     """Validate, pin the run folder, then hand over to Hydra with ``task`` as the job function."""
     import hydra
@@ -246,6 +259,7 @@ def run(task: Callable[[DictConfig], Any], argv: Optional[list[str]] = None) -> 
         return None
     if not any(a.split("=")[0] in INFO_FLAGS for a in argv):
         multirun = "-m" in argv or "--multirun" in argv
+        argv = _with_init_folder_composition(argv)
         overrides = [a for a in argv if not a.startswith("-")]
         try:
             if multirun:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import typing
 import warnings
 from typing import Any, Optional
 
 import torch
-from omegaconf import OmegaConf
 
 from components.config import ModelConfig
+from components.config_container import typed
 from components.data.text.tokenizers import TextTokenizer
 from components.model import Decoder
 from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
@@ -31,38 +30,6 @@ MODULE_PREFIX = "model."  # the training module holds the decoder as .model
 
 class RunLoadError(ValueError):
     """A run folder or checkpoint that cannot be loaded; the message names it and why."""
-
-
-def _typed(schema: type, node: dict) -> Any:
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), _int_keys_restored(schema, node)))
-
-
-def _int_keys_restored(schema: type, node: Any) -> Any:
-    """``node`` with the keys of ``schema``'s ``dict[int, ...]`` fields as ints again: a config that went
-    through JSON (an exported folder's config.json) has them as strings (``mixer_plan.at: {"-1": mla}``)."""
-    if not (dataclasses.is_dataclass(schema) and isinstance(node, dict)):
-        return node
-    hints = typing.get_type_hints(schema)
-    restored = dict(node)
-    for f in dataclasses.fields(schema):
-        if f.name not in restored:
-            continue
-        hint = hints[f.name]
-        if typing.get_origin(hint) is typing.Union:  # Optional[X]
-            hint = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
-        value = restored[f.name]
-        if typing.get_origin(hint) is dict and typing.get_args(hint)[:1] == (int,) and isinstance(value, dict):
-            restored[f.name] = {_as_int(k): v for k, v in value.items()}
-        elif dataclasses.is_dataclass(hint):
-            restored[f.name] = _int_keys_restored(hint, value)
-    return restored
-
-
-def _as_int(key: Any) -> Any:
-    try:
-        return int(key) if isinstance(key, str) else key
-    except ValueError:
-        return key  # left for the schema to refuse, naming the key
 
 
 # what runs saved before the schedule became its own group kept in the optimizer node
@@ -93,16 +60,16 @@ def config_from_container(data: dict) -> RootConfig:
     data = _with_schedule_node(data)
     fields: dict[str, Any] = {}
     for key in COMPONENT_KEYS:
-        fields[key] = _typed(REGISTRIES[key].get(data[key]["name"], key=f"{key}.name").config_cls, data[key])
+        fields[key] = typed(REGISTRIES[key].get(data[key]["name"], key=f"{key}.name").config_cls, data[key])
     fields["mixers"] = {
-        slot: _typed(REGISTRIES["mixer"].get(n["name"]).config_cls, n) for slot, n in (data.get("mixers") or {}).items()
+        slot: typed(REGISTRIES["mixer"].get(n["name"]).config_cls, n) for slot, n in (data.get("mixers") or {}).items()
     }
     fields["ffns"] = {
-        slot: _typed(REGISTRIES["ffn"].get(n["name"]).config_cls, n) for slot, n in (data.get("ffns") or {}).items()
+        slot: typed(REGISTRIES["ffn"].get(n["name"]).config_cls, n) for slot, n in (data.get("ffns") or {}).items()
     }
-    fields["model"] = _typed(ModelConfig, data["model"])
-    fields["trainer"] = _typed(TrainerConfig, data["trainer"])
-    fields["logger"] = _typed(LoggerConfig, data["logger"])
+    fields["model"] = typed(ModelConfig, data["model"])
+    fields["trainer"] = typed(TrainerConfig, data["trainer"])
+    fields["logger"] = typed(LoggerConfig, data["logger"])
     plain = {f.name for f in dataclasses.fields(RootConfig)} - set(fields)
     return RootConfig(**fields, **{k: data[k] for k in plain if k in data})
 
@@ -190,19 +157,33 @@ def load_exported(folder: str) -> tuple[RootConfig, Decoder]:
     from components.hf.safetensors_files import CheckpointError
 
     cfg = read_config(folder)
-    if SANDBOX_KEY not in cfg:
-        raise RunLoadError(
-            f"{os.path.join(folder, 'config.json')} has no '{SANDBOX_KEY}' section (not exported by this "
-            "project), so it names no composed model: train from it with init_from=FOLDER and the "
-            "overrides that compose its model (e.g. experiment=k3_full)"
-        )
-    root = config_from_container(cfg[SANDBOX_KEY])
+    if SANDBOX_KEY in cfg:
+        root = config_from_container(cfg[SANDBOX_KEY])
+    else:
+        root = _foreign_composition(folder, cfg)
     model = Decoder(root.decoder_config())
     try:
         import_weights(folder, model)
     except (WeightsMismatch, CheckpointError) as err:
         raise RunLoadError(str(err)) from None
     return root, model.eval()
+
+
+def _foreign_composition(folder: str, cfg: dict) -> RootConfig:
+    """The composition of a folder transformers saved (a Llama model): components/hf/foreign_config.py."""
+    from components.hf.config_json import SANDBOX_KEY
+    from components.hf.foreign_config import ForeignConfigError, composition_overrides
+    from runtime.launch import validate_overrides
+
+    try:
+        overrides = composition_overrides(cfg)
+    except (ForeignConfigError, KeyError) as err:
+        raise RunLoadError(
+            f"{os.path.join(folder, 'config.json')} has no '{SANDBOX_KEY}' section (not exported by this "
+            f"project) and does not map onto a composition ({err}): train from it with init_from=FOLDER and "
+            "the overrides that compose its model (e.g. experiment=k3_full)"
+        ) from None
+    return validate_overrides(["data=corpus", *overrides])  # the data only completes the config
 
 
 class NoTokenizerError(RunLoadError):
@@ -215,14 +196,23 @@ def load_tokenizer(path: str, root: RootConfig) -> TextTokenizer:
     from pathlib import Path
 
     from components.data.base import NoTextTokenizer
-    from components.data.text.tokenizers import TokenizerError, load_prepared_tokenizer
+    from components.data.text.tokenizers import (
+        TOKENIZER_FILE,
+        TokenizerError,
+        load_prepared_tokenizer,
+        load_tokenizer_file,
+    )
     from components.hf.checkpoint import is_checkpoint_folder
-    from components.hf.config_json import TOKENIZER_KEY, read_config
+    from components.hf.config_json import SANDBOX_KEY, TOKENIZER_KEY, read_config
 
-    described = read_config(path).get(TOKENIZER_KEY) if is_checkpoint_folder(path) else None
+    folder = is_checkpoint_folder(path)
+    cfg = read_config(path) if folder else {}
+    described = cfg.get(TOKENIZER_KEY)
     try:
         if described:  # an exported folder: its own tokenizer, checked against the hash export recorded
             return load_prepared_tokenizer(Path(path), described)
+        if folder and SANDBOX_KEY not in cfg and (Path(path) / TOKENIZER_FILE).is_file():
+            return load_tokenizer_file(Path(path) / TOKENIZER_FILE)  # a folder transformers saved
         return root.data.text_tokenizer()
     except (TokenizerError, NoTextTokenizer) as err:
         raise NoTokenizerError(str(err)) from None

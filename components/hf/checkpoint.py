@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -34,11 +34,15 @@ def export_weights(
     max_shard_bytes: int = 5 << 30,
     dtype: Optional[torch.dtype] = None,
     mxfp4_experts: bool = False,
+    shape_of: Optional[Callable[[str, tuple[int, ...]], tuple[int, ...]]] = None,
 ) -> list[str]:
     """Write ``model``'s weights into the empty folder ``folder``; returns the files written. ``dtype``
-    casts floating tensors (the selection bias stays fp32); ``mxfp4_experts`` packs routed experts."""
+    casts floating tensors (the selection bias stays fp32); ``mxfp4_experts`` packs routed experts;
+    ``shape_of(key, shape)`` gives a tensor the view a target class stores it in (same numbers)."""
     out = {}
     for key, t in to_checkpoint(model, prefix).items():
+        if shape_of is not None:
+            t = t.reshape(shape_of(key, tuple(t.shape)))
         m = _EXPERT_WEIGHT.match(key)
         if mxfp4_experts and m:
             packed, scale = mxfp4.quantize(t)
@@ -71,7 +75,7 @@ def _compare(
         base = key[: -len(".weight")]
         if key in found:
             dtype, got = found[key]
-            if tuple(got) != tuple(shape):
+            if tuple(got) != tuple(shape) and not _other_view(key, tuple(got), tuple(shape)):
                 raise WeightsMismatch(f"{where}: {key} has shape {list(got)}, the model ({owner}) needs {list(shape)}")
             if not dtype.is_floating_point:
                 raise WeightsMismatch(f"{where}: {key} is {dtype}, the model ({owner}) needs a floating-point tensor")
@@ -99,6 +103,12 @@ def _compare(
         more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
         raise WeightsMismatch(f"{where}: {unknown[0]}{more} is not a parameter of this model")
     return keys
+
+
+def _other_view(key: str, got: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """A tensor stored in the view of another class: KDA's ``A_log [H]`` as transformers' Kimi Linear
+    keeps it, ``[1, 1, H, 1]``."""
+    return key.endswith(".self_attn.A_log") and got == (1, 1, *shape, 1)
 
 
 def check_weights(folder: str, model: Decoder) -> str:
@@ -132,7 +142,7 @@ def import_weights(folder: str, model: Decoder) -> None:
     target = model.state_dict()
     with torch.no_grad():
         for key, t in state.items():
-            target[key].copy_(t.to(target[key].dtype))
+            target[key].copy_(t.to(target[key].dtype).reshape(target[key].shape))  # shapes checked above
 
 
 def is_checkpoint_folder(path: str) -> bool:

@@ -1,11 +1,12 @@
 """``config.json`` of an exported model.
 
-Two parts. The released K3 schema (``model_type: kimi_linear``; flat text fields, KDA settings in the
-nested ``linear_attn_config`` with 1-based layer lists, ``attn_res_block_size``,
-``num_nextn_predict_layers``), filled from the composed model wherever a field applies, so tools that
-read the release read the export. And ``k3_sandbox``: the run's whole composed config, from which
-``runtime.load_run.load_exported`` rebuilds the exact model. Models with components outside the release (MHA, GQA,
-MQA, plain MoE forms with other activations, ...) get ``model_type: k3_sandbox`` with the same fields.
+Two parts. The released K3 text schema (flat text fields, KDA settings in the nested
+``linear_attn_config`` with 1-based layer lists, ``attn_res_block_size``, ``num_nextn_predict_layers``),
+filled from the composed model wherever a field applies, so tools that read the release read the
+export. And ``k3_sandbox``: the run's whole composed config, from which
+``runtime.load_run.load_exported`` rebuilds the exact model. ``checkpoint_config`` labels the model as
+the project's registered class (``model_type: k3_sandbox``); ``components/hf/export_folder.py`` labels
+an export with the class that computes it (Llama, Kimi Linear, the release's ``kimi_k3`` schema).
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ def checkpoint_config(root: Any, model: Decoder, run_config: dict) -> dict:
     """The ``config.json`` dict of ``model`` composed by ``root`` (``run_config``: its plain dict)."""
     mixers, ffns = _names(model)
     n = len(model.layers)
-    family = is_release_family(model, root.residual.name)
     cfg: dict[str, Any] = {
-        "architectures": ["KimiLinearForCausalLM"] if family else ["K3SandboxForCausalLM"],
-        "model_type": "kimi_linear" if family else SANDBOX_KEY,
+        # the project's own class: components/hf/export_folder.py relabels what a transformers class
+        # computes exactly (components/hf/native.py); a K3 export is never Kimi-Linear-48B's class
+        "architectures": ["K3SandboxForCausalLM"],
+        "model_type": SANDBOX_KEY,
         "vocab_size": model.embed.weight.shape[0],
         "hidden_size": model.embed.weight.shape[1],
         "num_hidden_layers": n,

@@ -1,6 +1,6 @@
 """Parameter names of a composed decoder in Hugging Face checkpoints, both ways.
 
-K3-family models take the released K3 layout (``model_type: kimi_linear``); the other components take
+K3-family models take the released K3 layout (the release's tensor names); the other components take
 the conventional names of the same modules (Llama-style attention and norms, Mixtral/DeepSeek-style
 routed experts), which are the K3 names where the module is the same. Under a prefix ``P`` (``model.``
 text-only, or the release's multimodal ``language_model.model.``), per decoder layer ``i``:
