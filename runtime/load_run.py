@@ -107,6 +107,19 @@ def config_from_container(data: dict) -> RootConfig:
     return RootConfig(**fields, **{k: data[k] for k in plain if k in data})
 
 
+def _composed(data: Any, where: str) -> tuple[RootConfig, Decoder]:
+    """(config, freshly built model) of a saved composed config; RunLoadError naming ``where`` when it
+    no longer builds one (a damaged file, or a config this version of the project does not know)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        root = config_from_container(data)
+        return root, Decoder(root.decoder_config())
+    except (ValueError, KeyError, TypeError, AttributeError, OmegaConfBaseException) as err:
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunLoadError(f"{where}: its composed config does not build a model ({detail})") from None
+
+
 def resolve_checkpoint(path: str) -> str:
     """The checkpoint file ``path`` names: itself, or a run folder's newest readable one."""
     from runtime.run import checkpoint_candidates
@@ -167,8 +180,7 @@ def load_run(
             f"{ckpt_path} holds no run config (written before checkpoints carried one); resume it once with "
             "ckpt_path to write a new checkpoint"
         )
-    root = config_from_container(ckpt[CONFIG_KEY])
-    model = Decoder(root.decoder_config())
+    root, model = _composed(ckpt[CONFIG_KEY], ckpt_path)
     weights = _sharded_model_state(ckpt_path, model) if os.path.isdir(ckpt_path) else ckpt["state_dict"]
     state = {k[len(MODULE_PREFIX) :]: v for k, v in weights.items() if k.startswith(MODULE_PREFIX)}
     try:
@@ -189,15 +201,17 @@ def load_exported(folder: str) -> tuple[RootConfig, Decoder]:
     from components.hf.config_json import SANDBOX_KEY, read_config
     from components.hf.safetensors_files import CheckpointError
 
-    cfg = read_config(folder)
-    if SANDBOX_KEY not in cfg:
+    try:
+        cfg = read_config(folder)
+    except ValueError as err:
+        raise RunLoadError(str(err)) from None
+    if not isinstance(cfg, dict) or SANDBOX_KEY not in cfg:
         raise RunLoadError(
             f"{os.path.join(folder, 'config.json')} has no '{SANDBOX_KEY}' section (not exported by this "
             "project), so it names no composed model: train from it with init_from=FOLDER and the "
             "overrides that compose its model (e.g. experiment=k3_full)"
         )
-    root = config_from_container(cfg[SANDBOX_KEY])
-    model = Decoder(root.decoder_config())
+    root, model = _composed(cfg[SANDBOX_KEY], os.path.join(folder, "config.json"))
     try:
         import_weights(folder, model)
     except (WeightsMismatch, CheckpointError) as err:
