@@ -250,7 +250,10 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     finally:
         if trainer.is_global_zero:
             run_info["status"] = status
-            _write_json(os.path.join(run_dir, "run.json"), run_info)
+            try:
+                _write_json(os.path.join(run_dir, "run.json"), run_info)
+            except OSError as err:  # a full disk: the failure that stopped the run is the one to report
+                print(f"warning: run.json not updated ({err.strerror or err})")
         if wandb_logger is not None:
             import wandb
 
