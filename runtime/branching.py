@@ -37,7 +37,7 @@ def _checkpoint_weights(path: str, size: int, mtime_ns: int) -> dict[str, tuple[
     """``{model key: (shape, floating)}`` of a checkpoint, read completely once per file version (every
     job of a sweep branching from it is checked against the same read); CorruptCheckpointError naming a
     truncated or corrupt file."""
-    from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
+    from runtime.checkpoint_files import CorruptCheckpointError, load_checkpoint_file
     from runtime.load_run import MODULE_PREFIX
 
     if os.path.isdir(path):  # a sharded checkpoint: every shard's byte range, the weights from the index
@@ -69,7 +69,7 @@ def check_checkpoint_fits(path: str, key: str, root: RootConfig) -> None:
     import torch
 
     from components.model import Decoder
-    from runtime.checkpoint_io import CorruptCheckpointError
+    from runtime.checkpoint_files import CorruptCheckpointError
 
     stat = os.stat(path)
     try:

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from components.config import ModelConfig
 from components.data.text.tokenizers import TextTokenizer
 from components.model import Decoder
-from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
+from runtime.checkpoint_files import CorruptCheckpointError, load_checkpoint_file
 from runtime.config import COMPONENT_KEYS, REGISTRIES, LoggerConfig, RootConfig, TrainerConfig
 
 CONFIG_KEY = "run_config"

@@ -24,7 +24,7 @@ from components.layer_plan import describe_plan
 from components.registry import DATASETS
 from runtime import handoff
 from runtime.branching import branch_checkpoint
-from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
+from runtime.checkpoint_files import CorruptCheckpointError, load_checkpoint_file
 from runtime.config import RootConfig, to_container
 from runtime.token_budget import describe_length, training_steps
 
