@@ -102,16 +102,20 @@ WRITES = {"open", "os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.chmod", 
 count = 0
 
 
-def under_root(path):
-    if isinstance(path, (str, bytes, os.PathLike)):
-        path = os.path.abspath(os.fsdecode(path))
-        return path == root or path.startswith(root + os.sep)
-    return False
+def under_root(event, args):
+    path = args[0]
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return False
+    path = os.fsdecode(path)
+    if event in ("os.remove", "os.rmdir") and isinstance(args[-1], int) and not os.path.isabs(path):
+        path = os.path.join(os.readlink(f"/proc/self/fd/{args[-1]}"), path)  # shutil.rmtree's removals
+    path = os.path.abspath(path)
+    return path == root or path.startswith(root + os.sep)
 
 
 def hook(event, args):
     global count
-    if event not in WRITES or not args or not under_root(args[0]):
+    if event not in WRITES or not args or not under_root(event, args):
         return
     if event == "open":
         mode, flags = args[1], args[2]
