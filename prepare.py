@@ -11,7 +11,8 @@ object per line, the text under ``--text-field``), Parquet files (``.parquet``, 
 zstandard), and the embedded ``stdlib:code`` (this Python's standard-library
 sources) and ``stdlib:docs`` (its English documentation: reference topics and docstrings). The folder
 holds the tokens, document boundaries, the tokenizer, and ``meta.json`` with everything needed to
-report bits per byte for any tokenizer. Exit status 2 on bad input, with nothing written.
+report bits per byte for any tokenizer. Exit status 2 on bad input, with nothing written; 1 when the
+folder cannot be written (a full disk), the previous folder as it was.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import sys
 
 from components.data.text.documents import BINARY_POLICIES, ReadOptions
 from components.data.text.input_files import FORMATS
-from components.data.text.pipeline import PrepareError, PrepareOptions, prepare
+from components.data.text.pipeline import PrepareError, PrepareOptions, PrepareWriteError, prepare
 from components.data.text.prepared import bytes_per_token
-from runtime.cli import finite_float, new_output_path, reports_errors
+from runtime.cli import ToolError, finite_float, new_output_path, reports_errors
 
 
 def parser() -> argparse.ArgumentParser:
@@ -115,7 +116,10 @@ def _prepare(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
     )
-    result = prepare(opts)
+    try:
+        result = prepare(opts)
+    except PrepareWriteError as err:  # not bad input: the folder could not be written (a full disk)
+        raise ToolError(str(err), 1) from None
     m = result.meta
     if not result.reused:
         mb = sum(s["bytes"] for s in m["splits"].values()) / 1e6

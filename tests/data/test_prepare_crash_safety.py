@@ -103,7 +103,7 @@ def test_a_full_disk_leaves_the_previous_folder_and_says_so(previous, tmp_path, 
     monkeypatch.setattr(np, "save", no_space)  # after the token files, before the document offsets
     rc = prepare_cli.main([str(src), "--out", str(out), *NEW])
     err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert rc == 1 and "Traceback" not in err and err.count("\n") == 1, err
     assert err.startswith(f"prepare.py: error: writing {out} failed (No space left on device: "), err
     assert err.rstrip().endswith(f"{out} is as it was"), err
     assert tree_hash(tmp_path) == before  # the previous folder byte-identical, nothing beside it

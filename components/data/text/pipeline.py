@@ -56,6 +56,10 @@ class PrepareError(ValueError):
     """Preparation refused: the message names the input, file or option and what is wrong."""
 
 
+class PrepareWriteError(PrepareError):
+    """The folder could not be written (a full disk); the message says that the output is as it was."""
+
+
 @dataclass
 class PrepareOptions:
     inputs: list[str]
@@ -171,7 +175,7 @@ def prepare(opts: PrepareOptions, log: Callable[[str], None] = print) -> Prepare
             put_in_place(tmp, out, replace=True)  # checked above: out is missing, empty, or may be replaced
         except OSError as err:  # a full disk, a folder that cannot be written
             shutil.rmtree(tmp, ignore_errors=True)
-            raise PrepareError(f"writing {out} failed ({_reason(err)}); {_unchanged(out)}") from None
+            raise PrepareWriteError(f"writing {out} failed ({_reason(err)}); {_unchanged(out)}") from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
