@@ -52,7 +52,7 @@ def _checkpoint_weights(path: str, size: int, mtime_ns: int) -> dict[str, tuple[
             for k, m in entries.items()
             if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)
         }
-    state = load_checkpoint_file(path).get("state_dict")
+    state = load_checkpoint_file(path, mmap=True).get("state_dict")  # every byte checked, none kept in memory
     if not isinstance(state, dict):
         raise CorruptCheckpointError(f"checkpoint {path} holds no model weights (no state_dict)")
     return {

@@ -50,14 +50,16 @@ def check_sharded_checkpoint(path: str) -> dict[str, Any]:
     return state
 
 
-def load_checkpoint_file(path: str, map_location: Any = "cpu") -> dict[str, Any]:
+def load_checkpoint_file(path: str, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint's content, verified (a sharded folder: its trainer state, once every shard is
+    checked). ``mmap``: tensors mapped from the file rather than read into memory (to look at shapes)."""
     if os.path.isdir(path):
         return check_sharded_checkpoint(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
     _check_records(path)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # torch raises several types for a damaged zip archive
         raise CorruptCheckpointError(
             f"checkpoint {path} is unreadable (truncated or corrupt): {type(err).__name__}: {_first_line(err)}"
