@@ -11,7 +11,8 @@ object per line, the text under ``--text-field``), Parquet files (``.parquet``, 
 zstandard), and the embedded ``stdlib:code`` (this Python's standard-library
 sources) and ``stdlib:docs`` (its English documentation: reference topics and docstrings). The folder
 holds the tokens, document boundaries, the tokenizer, and ``meta.json`` with everything needed to
-report bits per byte for any tokenizer. Exit status 2 on bad input, with nothing written.
+report bits per byte for any tokenizer. Exit status 2 on bad input, with nothing written; 1 when the
+folder cannot be written (a full disk), the previous folder as it was.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import sys
 
 from components.data.text.documents import BINARY_POLICIES, ReadOptions
 from components.data.text.input_files import FORMATS
-from components.data.text.pipeline import PrepareError, PrepareOptions, prepare
+from components.data.text.pipeline import PrepareError, PrepareOptions, PrepareWriteError, prepare
 from components.data.text.prepared import bytes_per_token
+from runtime.cli import ToolError, finite_float, new_output_path, reports_errors
 
 
 def parser() -> argparse.ArgumentParser:
@@ -40,7 +42,12 @@ def parser() -> argparse.ArgumentParser:
         help="text files, folders, glob patterns ('**' recurses; quote them), .jsonl or .parquet files, stdlib:code, "
         "stdlib:docs",
     )
-    p.add_argument("--out", required=True, help="the folder to write (created; refused if it holds something else)")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=new_output_path,
+        help="the folder to write (created; refused if it holds something else)",
+    )
     p.add_argument(
         "--tokenizer",
         default="bytes",
@@ -49,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--val-fraction",
-        type=float,
+        type=finite_float(),
         default=0.02,
         help="share of documents held out for validation, chosen by a hash of each document's identity (default: 0.02)",
     )
@@ -93,7 +100,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    return _prepare(parser().parse_args(argv))
+
+
+@reports_errors("prepare.py", PrepareError, ValueError)  # the inputs' and options' errors, named by prepare()
+def _prepare(args: argparse.Namespace) -> int:
     opts = PrepareOptions(
         inputs=args.inputs,
         out=args.out,
@@ -107,9 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         result = prepare(opts)
-    except (PrepareError, ValueError) as err:
-        print(f"prepare.py: error: {err}", file=sys.stderr)
-        return 2
+    except PrepareWriteError as err:  # not bad input: the folder could not be written (a full disk)
+        raise ToolError(str(err), 1) from None
     m = result.meta
     if not result.reused:
         mb = sum(s["bytes"] for s in m["splits"].values()) / 1e6

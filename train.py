@@ -28,6 +28,7 @@ def task(cfg: DictConfig) -> float | None:
 
     from components.registry import ConfigError
     from runtime import handoff
+    from runtime.checkpoint_io import CheckpointWriteError
     from runtime.lit_module import NonFiniteTrainingError
     from runtime.run import train
     from runtime.sweep_job import current_job
@@ -56,10 +57,10 @@ def task(cfg: DictConfig) -> float | None:
     except BaseException as err:
         if job is not None:
             job.record(run_dir, "failed", None)
-        if isinstance(err, NonFiniteTrainingError):
+        if isinstance(err, (NonFiniteTrainingError, CheckpointWriteError)):
             print(f"error: {err}", file=sys.stderr)
             if job is None:
-                sys.exit(3)
+                sys.exit(3 if isinstance(err, NonFiniteTrainingError) else 4)
             # in a sweep, a failed job (an exception, not an exit) lets the sweeper go on with the others:
             # the basic sweeper reports it at the end, the Optuna sweeper counts it as a failed trial
         raise

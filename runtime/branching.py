@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Optional
 
 from components.hf.checkpoint import is_checkpoint_folder
@@ -55,12 +57,74 @@ def with_folder_composition(overrides: list[str]) -> tuple[list[str], Optional[s
     return merged, f"init_from={os.path.basename(path.rstrip(os.sep))}: {arch}, composed as {' '.join(added)}"
 
 
+@functools.lru_cache(maxsize=8)
+def _checkpoint_weights(path: str, size: int, mtime_ns: int) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """``{model key: (shape, floating)}`` of a checkpoint, read completely once per file version (every
+    job of a sweep branching from it is checked against the same read); CorruptCheckpointError naming a
+    truncated or corrupt file."""
+    from runtime.checkpoint_files import CorruptCheckpointError, load_checkpoint_file
+    from runtime.load_run import MODULE_PREFIX
+
+    if os.path.isdir(path):  # a sharded checkpoint: every shard's byte range, the weights from the index
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        load_checkpoint_file(path)
+        entries = FileSystemReader(path).read_metadata().state_dict_metadata
+        prefix = f"state_dict.{MODULE_PREFIX}"
+        return {
+            k[len(prefix) :]: (tuple(m.size), m.properties.dtype.is_floating_point)
+            for k, m in entries.items()
+            if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)
+        }
+    state = load_checkpoint_file(path, mmap=True).get("state_dict")  # every byte checked, none kept in memory
+    if not isinstance(state, dict):
+        raise CorruptCheckpointError(f"checkpoint {path} holds no model weights (no state_dict)")
+    return {
+        k[len(MODULE_PREFIX) :]: (tuple(v.shape), v.is_floating_point())
+        for k, v in state.items()
+        if k.startswith(MODULE_PREFIX) and hasattr(v, "shape")
+    }
+
+
+def check_checkpoint_fits(path: str, key: str, root: RootConfig) -> None:
+    """The checkpoint a branch starts from reads completely and its weights fit the composed model
+    (every key, each shape, floating where the model's are): a ConfigError on ``key`` naming the file
+    and the first tensor that does not, before any run folder exists."""
+    import torch
+
+    from components.model import Decoder
+    from runtime.checkpoint_files import CorruptCheckpointError
+
+    stat = os.stat(path)
+    try:
+        found = _checkpoint_weights(os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    except CorruptCheckpointError as err:
+        raise ConfigError(key, str(err)) from None
+    with torch.device("meta"):
+        model = Decoder(root.decoder_config())
+    expected = model.state_dict()
+    hint = "compose the model the run was trained with (the overrides of the run branched from)"
+    for name, tensor in expected.items():
+        if name not in found:
+            raise ConfigError(key, f"{path} has no {name} (a tensor of the composed model); {hint}")
+        shape, floating = found[name]
+        if shape != tuple(tensor.shape):
+            raise ConfigError(
+                key, f"{path}: {name} has shape {list(shape)}, the composed model needs {list(tensor.shape)}; {hint}"
+            )
+        if floating != tensor.is_floating_point():
+            raise ConfigError(key, f"{path}: {name} is {'' if floating else 'not '}floating-point, unlike the model's")
+    unknown = sorted(set(found) - set(expected))
+    if unknown:
+        more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
+        raise ConfigError(key, f"{path}: {unknown[0]}{more} is not a tensor of the composed model; {hint}")
+
+
 def branch_checkpoint(root: RootConfig) -> Optional[str]:
     """The checkpoint ``init_from`` / ``init_step`` name (None without ``init_from``, or when it names a
     folder of weights: the run then starts at step 0 from those weights); ConfigError naming the key
     when it does not exist."""
-    import os
-
     if root.init_from is None:
         check(root.init_step is None, "init_step", "needs init_from (the run folder to branch from)")
         return None
@@ -107,8 +171,13 @@ def branch_checkpoint(root: RootConfig) -> Optional[str]:
 
 
 def check_branch(root: RootConfig) -> None:
-    """ConfigError naming the key when ``init_from`` / ``init_step`` name no checkpoint, or a weights
-    folder the composed model does not fit."""
-    branch_checkpoint(root)  # raises for a missing run folder or step
-    if root.init_from is not None and root.ckpt_path is None and is_checkpoint_folder(root.init_from):
+    """ConfigError naming the key when ``init_from`` / ``init_step`` name no checkpoint, or a checkpoint
+    or weights folder that is damaged or that the composed model does not fit: everything a branch reads
+    is verified here, before a run folder is created (``ckpt_path=last`` too: its first launch branches)."""
+    ckpt = branch_checkpoint(root)  # raises for a missing run folder or step; refuses another ckpt_path
+    if root.init_from is None:
+        return
+    if ckpt is not None:
+        check_checkpoint_fits(ckpt, "init_step" if root.init_step is not None else "init_from", root)
+    elif is_checkpoint_folder(root.init_from):
         check_weights_fit(root.init_from, root)

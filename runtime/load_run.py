@@ -21,7 +21,7 @@ from components.config import ModelConfig
 from components.config_container import typed
 from components.data.text.tokenizers import TextTokenizer
 from components.model import Decoder
-from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
+from runtime.checkpoint_files import CorruptCheckpointError, load_checkpoint_file
 from runtime.config import COMPONENT_KEYS, REGISTRIES, LoggerConfig, RootConfig, TrainerConfig
 
 CONFIG_KEY = "run_config"
@@ -72,6 +72,19 @@ def config_from_container(data: dict) -> RootConfig:
     fields["logger"] = typed(LoggerConfig, data["logger"])
     plain = {f.name for f in dataclasses.fields(RootConfig)} - set(fields)
     return RootConfig(**fields, **{k: data[k] for k in plain if k in data})
+
+
+def _composed(data: Any, where: str) -> tuple[RootConfig, Decoder]:
+    """(config, freshly built model) of a saved composed config; RunLoadError naming ``where`` when it
+    no longer builds one (a damaged file, or a config this version of the project does not know)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        root = config_from_container(data)
+        return root, Decoder(root.decoder_config())
+    except (ValueError, KeyError, TypeError, AttributeError, OmegaConfBaseException) as err:
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunLoadError(f"{where}: its composed config does not build a model ({detail})") from None
 
 
 def resolve_checkpoint(path: str) -> str:
@@ -134,8 +147,7 @@ def load_run(
             f"{ckpt_path} holds no run config (written before checkpoints carried one); resume it once with "
             "ckpt_path to write a new checkpoint"
         )
-    root = config_from_container(ckpt[CONFIG_KEY])
-    model = Decoder(root.decoder_config())
+    root, model = _composed(ckpt[CONFIG_KEY], ckpt_path)
     weights = _sharded_model_state(ckpt_path, model) if os.path.isdir(ckpt_path) else ckpt["state_dict"]
     state = {k[len(MODULE_PREFIX) :]: v for k, v in weights.items() if k.startswith(MODULE_PREFIX)}
     try:
@@ -156,12 +168,18 @@ def load_exported(folder: str) -> tuple[RootConfig, Decoder]:
     from components.hf.config_json import SANDBOX_KEY, read_config
     from components.hf.safetensors_files import CheckpointError
 
-    cfg = read_config(folder)
+    where = os.path.join(folder, "config.json")
+    try:
+        cfg = read_config(folder)
+    except ValueError as err:
+        raise RunLoadError(str(err)) from None
+    if not isinstance(cfg, dict):
+        raise RunLoadError(f"{where} is not a JSON object")
     if SANDBOX_KEY in cfg:
-        root = config_from_container(cfg[SANDBOX_KEY])
-    else:
+        root, model = _composed(cfg[SANDBOX_KEY], where)
+    else:  # a folder transformers saved: its composition from its config (components/hf/foreign_config.py)
         root = _foreign_composition(folder, cfg)
-    model = Decoder(root.decoder_config())
+        model = Decoder(root.decoder_config())
     try:
         import_weights(folder, model)
     except (WeightsMismatch, CheckpointError) as err:

@@ -25,7 +25,7 @@ from components.layer_plan import describe_plan
 from components.registry import DATASETS
 from runtime import handoff
 from runtime.branching import branch_checkpoint
-from runtime.checkpoint_io import CorruptCheckpointError, load_checkpoint_file
+from runtime.checkpoint_files import CorruptCheckpointError, load_checkpoint_file
 from runtime.config import RootConfig, to_container
 from runtime.token_budget import describe_length, training_steps
 
@@ -253,7 +253,10 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     finally:
         if trainer.is_global_zero:
             run_info["status"] = status
-            _write_json(os.path.join(run_dir, "run.json"), run_info)
+            try:
+                _write_json(os.path.join(run_dir, "run.json"), run_info)
+            except OSError as err:  # a full disk: the failure that stopped the run is the one to report
+                print(f"warning: run.json not updated ({err.strerror or err})")
         if wandb_logger is not None:
             import wandb
 

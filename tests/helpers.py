@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +64,99 @@ def run_train(
 def kill_after_microbatch(n: int) -> str:
     """The override that SIGKILLs a run right after micro-batch ``n`` (runtime/callbacks/fault_injection.py)."""
     return f"+callbacks.kill={{_target_:runtime.callbacks.fault_injection.FaultInjection,kill_after:{n}}}"
+
+
+def tree_hash(root: Path) -> str:
+    """One hash over every path under ``root`` and every file's bytes (a missing ``root``: "absent")."""
+    if not root.exists():
+        return "absent"
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode())
+        if p.is_file() and not p.is_symlink():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def save_run(root: RootConfig, model: Decoder, run_dir: Path) -> Path:
+    """A run folder as far as ``load_run`` and ``analysis.export`` read one: ``checkpoints/last.ckpt`` with
+    the training module's weights (``model.`` keys) and the run's composed config, as train.py saves it."""
+    from runtime.config import to_container
+    from runtime.load_run import CONFIG_KEY, MODULE_PREFIX
+
+    path = run_dir / "checkpoints" / "last.ckpt"
+    path.parent.mkdir(parents=True)
+    state = {f"{MODULE_PREFIX}{k}": v for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, CONFIG_KEY: to_container(root), "global_step": 0}, path)
+    return run_dir
+
+
+# A tool run under an audit hook that SIGKILLs it right before its Nth write under a folder: every file
+# opened for writing, folder made, rename, removal, permission change and folder swap is one write.
+_KILL_AT_WRITE = r"""
+import os, runpy, signal, sys
+
+root, n, target = os.path.abspath(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+WRITES = {"open", "os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.chmod", "os.truncate", "shutil.rmtree",
+          "atomic_folder.put_in_place"}
+count = 0
+
+
+def under_root(event, args):
+    path = args[0]
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return False
+    path = os.fsdecode(path)
+    if event in ("os.remove", "os.rmdir") and isinstance(args[-1], int) and not os.path.isabs(path):
+        path = os.path.join(os.readlink(f"/proc/self/fd/{args[-1]}"), path)  # shutil.rmtree's removals
+    path = os.path.abspath(path)
+    return path == root or path.startswith(root + os.sep)
+
+
+def hook(event, args):
+    global count
+    if event not in WRITES or not args or not under_root(event, args):
+        return
+    if event == "open":
+        mode, flags = args[1], args[2]
+        writing = any(c in mode for c in "wax+") if mode is not None else flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
+        if not writing:
+            return
+    count += 1
+    if count == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+sys.addaudithook(hook)
+import atexit
+
+atexit.register(lambda: print(f"write events: {count}", file=sys.stderr))
+sys.argv = [target, *sys.argv[4:]]
+if target.endswith(".py"):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+    runpy.run_path(target, run_name="__main__")
+else:
+    runpy.run_module(target, run_name="__main__", alter_sys=True)
+"""
+
+
+def run_killed_at_write(
+    tool: str, argv: list[str], root: Path, n: int, timeout: float = 300
+) -> tuple[subprocess.CompletedProcess, int]:
+    """Run ``tool`` (``prepare.py`` or a module such as ``analysis.export``) with ``argv`` from the
+    repository root, SIGKILLed right before its ``n``-th write under ``root`` (``n`` = 0: never).
+    Returns the process and, when it was not killed, how many writes under ``root`` it made."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_AT_WRITE, str(root), str(n), tool, *map(str, argv)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    found = re.search(r"write events: (\d+)", proc.stderr)
+    return proc, int(found.group(1)) if found else -1
 
 
 # -- contract checks shared by the registry-driven tests (tests/contracts/) ------------------------------

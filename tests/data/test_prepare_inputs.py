@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import hashlib
 import json
 import lzma
 import os
@@ -22,22 +21,13 @@ import prepare as prepare_cli
 from components.data.text.output_lock import OutputLock, lock_path
 from components.data.text.prepared import PreparedFolder
 from tests.data.text_fixtures import paragraph, write_jsonl, write_text_folder
-from tests.helpers import REPO
+from tests.helpers import REPO, tree_hash
 
 
 def _cli(capsys, *argv):
     rc = prepare_cli.main([*map(str, argv), "--quiet"])
     out = capsys.readouterr()
     return rc, out.out, out.err
-
-
-def _tree_hash(root: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        h.update(str(p.relative_to(root)).encode())
-        if p.is_file() and not p.is_symlink():
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def _texts(folder: Path) -> list[str]:
@@ -55,12 +45,12 @@ def _texts(folder: Path) -> list[str]:
 
 def _refused(capsys, tmp_path, argv, message):
     """One message naming the thing, exit 2, no traceback, nothing written, inputs untouched."""
-    before = _tree_hash(tmp_path)
+    before = tree_hash(tmp_path)
     rc, _, err = _cli(capsys, *argv)
     assert rc == 2, err
     assert err.startswith("prepare.py: error: ") and message in err and err.count("\n") == 1, err
     assert "Traceback" not in err
-    assert _tree_hash(tmp_path) == before
+    assert tree_hash(tmp_path) == before
     return err
 
 
@@ -116,10 +106,10 @@ def test_the_output_folder_inside_an_input_is_not_an_input(tmp_path, capsys):
     argv = [src, "--out", src / "prepared", "--val-fraction", "0.3"]
     rc, _, err = _cli(capsys, *argv)
     assert rc == 0, err
-    first = _tree_hash(src / "prepared")
+    first = tree_hash(src / "prepared")
     rc, stdout, err = _cli(capsys, *argv)  # the same command again: the folder itself is not an input
     assert rc == 0 and "reusing it" in stdout, err
-    assert _tree_hash(src / "prepared") == first
+    assert tree_hash(src / "prepared") == first
     assert not [p for p in src.iterdir() if p.name.startswith(".")]  # no lock or temporary left beside it
     _refused(capsys, tmp_path, [src / "prepared", "--out", src / "prepared"], "it is the output folder")
 
@@ -215,13 +205,13 @@ def test_a_second_preparation_of_one_folder_waits_then_reuses_or_refuses(tmp_pat
     stdout, stderr = same.communicate(timeout=300)
     assert same.returncode == 0, stderr
     assert "waiting for it" in stdout
-    first = _tree_hash(out)
+    first = tree_hash(out)
     # two at once on one folder, different inputs: one prepares, the other is refused, nothing collides
     procs = [_start_prepare(src, "--out", tmp_path / "both", "--val-fraction", "0.3") for src in (a, b)]
     results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
     assert sorted(rc for rc, _ in results) == [0, 2], results
     assert "holds data prepared from other inputs" in next(err for rc, err in results if rc == 2)
     assert "Traceback" not in "".join(err for _, err in results)
-    assert _tree_hash(out) == first
+    assert tree_hash(out) == first
     assert not lock_path(out).exists() and not lock_path(tmp_path / "both").exists()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -1,6 +1,7 @@
-"""Export then import gives bit-identical logits, for every mixer x FFN x residual at tiny size; names
-and shapes follow the documented layout; a tensor the model lacks, a missing one or a wrong shape is
-refused by name."""
+"""A run exported by ``analysis.export`` loads back through ``load_run`` with bit-identical weights and
+logits, for every registered mixer x FFN x residual at tiny size and for K3 (layer plans, MTP); names and
+shapes follow the documented layout; a tensor the model lacks, a missing one or a wrong shape is refused
+by name."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ import itertools
 import pytest
 import torch
 
-from components import registry
+from analysis.export import export
 from components.hf.checkpoint import WeightsMismatch, check_weights, export_weights, import_weights
 from components.hf.key_map import MULTIMODAL_PREFIX, TEXT_PREFIX, UnmappedKey, checkpoint_mappings
 from components.hf.safetensors_files import read_header
 from components.model import Decoder
+from components.registry import FFNS, MIXERS, RESIDUALS
 from components.residual.base import CheckpointName
-from tests.helpers import compose_root
+from runtime.config import to_container
+from runtime.load_run import load_run
+from tests.helpers import compose_root, save_run
 
-MIXERS = registry.MIXERS.names()
-FFNS = registry.FFNS.names()
-RESIDUALS = registry.RESIDUALS.names()
+# every registered composition: a new mixer, FFN or residual scheme joins the round trip by registering
+COMPOSITIONS = list(itertools.product(MIXERS.names(), FFNS.names(), RESIDUALS.names()))
 TINY = ["model.d_model=32", "model.n_layers=3", "model.tie_embeddings=false"]
 SIZES = {
     "mla": [
@@ -37,8 +40,8 @@ SIZES = {
 }
 
 
-def _model(mixer: str, ffn: str, residual: str, seed: int, *extra: str) -> Decoder:
-    root = compose_root(
+def _overrides(mixer: str, ffn: str, residual: str, *extra: str) -> list[str]:
+    return [
         f"mixer={mixer}",
         f"ffn={ffn}",
         f"residual={residual}",
@@ -47,9 +50,10 @@ def _model(mixer: str, ffn: str, residual: str, seed: int, *extra: str) -> Decod
         *SIZES.get(mixer, []),
         *SIZES.get(ffn, []),
         *extra,
-    )
-    torch.manual_seed(seed)
-    model = Decoder(root.decoder_config()).eval()
+    ]
+
+
+def _perturbed(model: Decoder) -> Decoder:
     with torch.no_grad():  # break the zero inits (AttnRes queries, selection bias) so every tensor matters
         for t in model.state_dict().values():
             if t.is_floating_point():
@@ -57,17 +61,50 @@ def _model(mixer: str, ffn: str, residual: str, seed: int, *extra: str) -> Decod
     return model
 
 
-@pytest.mark.parametrize("mixer,ffn,residual", list(itertools.product(MIXERS, FFNS, RESIDUALS)))
-def test_export_import_gives_identical_logits(tmp_path, mixer, ffn, residual):
-    extra = ["model.mtp_depth=1"] if residual == "block_attnres" else []
-    source, target = _model(mixer, ffn, residual, 0, *extra), _model(mixer, ffn, residual, 1, *extra)
-    ids = torch.randint(0, 257, (2, 12), generator=torch.Generator().manual_seed(0))
-    export_weights(source, str(tmp_path))
-    import_weights(str(tmp_path), target)
+def _model(mixer: str, ffn: str, residual: str, seed: int, *extra: str) -> Decoder:
+    root = compose_root(*_overrides(mixer, ffn, residual, *extra))
+    torch.manual_seed(seed)
+    return _perturbed(Decoder(root.decoder_config()).eval())
+
+
+def _assert_export_round_trips(tmp_path, overrides: list[str]) -> None:
+    """A run folder holding the composed model (saved as train.py saves it), exported by analysis.export,
+    loads back through load_run as the run's config, weights and logits."""
+    root = compose_root(*overrides)
+    torch.manual_seed(0)
+    model = _perturbed(Decoder(root.decoder_config()).eval())
+    run = save_run(root, model, tmp_path / "run")
+    assert export(str(run), str(tmp_path / "export"), "text", None, 5.0, False) == 0  # export loads the run
+    exported_root, from_export = load_run(str(tmp_path / "export"))
+    assert to_container(exported_root) == to_container(root)
+    for (key, a), b in zip(from_export.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), key
+    ids = torch.randint(0, model.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.equal(source(ids), target(ids))
-    for a, b in zip(source.state_dict().values(), target.state_dict().values()):
-        assert torch.equal(a, b)
+        assert torch.equal(from_export(ids), model(ids))
+
+
+@pytest.mark.parametrize("mixer,ffn,residual", COMPOSITIONS)
+def test_an_exported_run_loads_back_with_identical_logits(tmp_path, mixer, ffn, residual):
+    extra = ["model.mtp_depth=1"] if residual == "block_attnres" else []
+    _assert_export_round_trips(tmp_path, _overrides(mixer, ffn, residual, *extra))
+
+
+K3_RUNS = {
+    "k3_tiny": ["experiment=k3_tiny"],  # MTP depth 1, KDA x 3 then MLA, dense layer 0
+    "k3_tiny-plan-overrides": [
+        "experiment=k3_tiny",
+        "model.n_layers=6",
+        "model.mixer_plan.repeat=[mixer,mla,mixer]",
+        "model.mtp_depth=2",
+    ],
+}
+
+
+@pytest.mark.parametrize("case", K3_RUNS)
+def test_an_exported_k3_run_loads_back_with_identical_logits(tmp_path, case):
+    assert compose_root(*K3_RUNS[case]).model.mtp_depth >= 1
+    _assert_export_round_trips(tmp_path, K3_RUNS[case])
 
 
 K3_TINY = [

@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
+from components.atomic_folder import clear_stale, put_in_place, staging_path
 from components.data.text.documents import (
     BINARY_POLICIES,
     ReadOptions,
@@ -53,6 +54,10 @@ _KEEP_CHARS = 512 << 20
 
 class PrepareError(ValueError):
     """Preparation refused: the message names the input, file or option and what is wrong."""
+
+
+class PrepareWriteError(PrepareError):
+    """The folder could not be written (a full disk); the message says that the output is as it was."""
 
 
 @dataclass
@@ -117,14 +122,6 @@ def _choose_dtype(opts: PrepareOptions, vocab_size: int) -> str:
     return opts.dtype
 
 
-def _stale_temporaries(out: Path) -> Iterator[Path]:
-    for p in out.parent.glob(f".{out.name}.tmp-*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        alive = pid.isdigit() and Path(f"/proc/{pid}").exists() and int(pid) != os.getpid()
-        if not alive:
-            yield p
-
-
 def prepare(opts: PrepareOptions, log: Callable[[str], None] = print) -> PrepareResult:
     """Prepare ``opts.out`` (or reuse it when it holds the same inputs and options). Raises
     PrepareError, InputError or TokenizerError with a message naming what is wrong; on any failure the
@@ -167,16 +164,18 @@ def prepare(opts: PrepareOptions, log: Callable[[str], None] = print) -> Prepare
             if old is not None:
                 log(f"{out}: already prepared from the same inputs and options (hash {prepare_hash}); reusing it")
                 return PrepareResult(out, True, time.time() - start, old)
-        for stale in _stale_temporaries(out):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        tmp.mkdir()
+        clear_stale(out)  # what a killed preparation left beside the folder
+        tmp = staging_path(out)
         try:
+            tmp.mkdir()
             meta = _write(opts, expanded, tmp, log)
             meta["prepare_hash"] = prepare_hash
             meta["seconds"] = round(time.time() - start, 2)
             _write_json(tmp / META, meta)  # last: a folder with meta.json is complete
-            _swap_into_place(tmp, out)
+            put_in_place(tmp, out, replace=True)  # checked above: out is missing, empty, or may be replaced
+        except OSError as err:  # a full disk, a folder that cannot be written
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise PrepareWriteError(f"writing {out} failed ({_reason(err)}); {_unchanged(out)}") from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -210,14 +209,12 @@ def _write_json(path: Path, obj: dict) -> None:
         os.fsync(f.fileno())
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
+def _reason(err: OSError) -> str:
+    return f"{err.strerror or err}: {err.filename}" if err.filename else str(err.strerror or err)
+
+
+def _unchanged(out: Path) -> str:
+    return f"{out} is as it was" if out.exists() else f"nothing was written at {out}"
 
 
 def _documents(

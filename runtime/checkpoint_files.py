@@ -1,0 +1,93 @@
+"""Reading checkpoints: a truncated or corrupt one is refused with a message naming it.
+
+Loading uses ``weights_only=True`` (no arbitrary pickled code); every record of a checkpoint archive is
+checked against its CRC-32 first (``torch.load`` does not check the tensor data's). Sharded checkpoints
+(FSDP2: a folder with one file per rank) are checked for completeness against their own index before
+use. No Lightning here: the analysis tools read checkpoints without importing it
+(``runtime/checkpoint_io.py`` writes them).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from typing import Any
+
+import torch
+
+
+class CorruptCheckpointError(RuntimeError):
+    pass
+
+
+def check_sharded_checkpoint(path: str) -> dict[str, Any]:
+    """Verify a sharded checkpoint folder: its trainer state loads and every byte range its index
+    names exists. Returns the trainer state (without weights). Raises CorruptCheckpointError."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta_file = os.path.join(path, "meta.pt")
+    if not os.path.isfile(meta_file) or not os.path.isfile(os.path.join(path, ".metadata")):
+        raise CorruptCheckpointError(
+            f"checkpoint {path} is incomplete: a sharded checkpoint folder needs meta.pt and .metadata"
+        )
+    try:
+        state = torch.load(meta_file, map_location="cpu", weights_only=True)
+        index = FileSystemReader(path).read_metadata()
+    except Exception as err:
+        raise CorruptCheckpointError(
+            f"checkpoint {path} is unreadable (truncated or corrupt): {type(err).__name__}: {_first_line(err)}"
+        ) from None
+    needed: dict[str, int] = {}
+    for info in (index.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        shard = os.path.join(path, name)
+        have = os.path.getsize(shard) if os.path.isfile(shard) else -1
+        if have < size:
+            what = "missing" if have < 0 else f"truncated ({have} of {size} bytes)"
+            raise CorruptCheckpointError(f"checkpoint {path} is unreadable: shard {name} is {what}")
+    return state
+
+
+def load_checkpoint_file(path: str, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint's content, verified (a sharded folder: its trainer state, once every shard is
+    checked). ``mmap``: tensors mapped from the file rather than read into memory (to look at shapes)."""
+    if os.path.isdir(path):
+        return check_sharded_checkpoint(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    _check_records(path)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as err:  # torch raises several types for a damaged zip archive
+        raise CorruptCheckpointError(
+            f"checkpoint {path} is unreadable (truncated or corrupt): {type(err).__name__}: {_first_line(err)}"
+        ) from None
+
+
+def _check_records(path: str) -> None:
+    """Every record of a checkpoint archive against its CRC-32 (torch.load does not check the tensor
+    data's): CorruptCheckpointError naming the file and the first record whose bytes changed. A file that
+    is no zip archive (cut short before its directory) is left to torch.load to refuse."""
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+        raise CorruptCheckpointError(
+            f"checkpoint {path} is unreadable (truncated or corrupt): {type(err).__name__}: {_first_line(err)}"
+        ) from None
+    if bad is not None:
+        raise CorruptCheckpointError(
+            f"checkpoint {path} is unreadable (truncated or corrupt): its record {bad} does not match its checksum"
+        )
+
+
+def _first_line(err: Exception) -> str:
+    """The gist of a loading error on one line (torch's own messages run to paragraphs)."""
+    if isinstance(err, pickle.UnpicklingError):
+        return "not a checkpoint of tensors and plain data (torch.load with weights_only=True cannot read it)"
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    return lines[0] if lines else "no detail"
