@@ -44,6 +44,7 @@ def _table(out: Path) -> list[dict[str, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(5400)  # two whole ladders of 24 train.py runs each
 def test_a_killed_ladder_resumes_to_the_same_table(tmp_path):
     preset = tmp_path / "tiny.yaml"
     preset.write_text(TINY_PRESET)
