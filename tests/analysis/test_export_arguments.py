@@ -111,7 +111,10 @@ def test_a_full_disk_leaves_nothing_at_out_and_says_so(run, tmp_path, capsys, mo
     if where == "weights":
         monkeypatch.setattr(safetensors.torch, "save_file", _no_space)
     else:  # after every weight file is written
+        import components.hf.export_folder as export_folder
+
         monkeypatch.setattr(config_json, "write_config", _no_space)
+        monkeypatch.setattr(export_folder, "write_config", _no_space)
     out = tmp_path / "model"
     err = _refused(capsys, tmp_path, [run, out], "No space left on device", status=1)
     assert f"writing {out} failed" in err and f"nothing was written at {out}" in err
