@@ -64,13 +64,17 @@ def situ_glu_reference(
     up: torch.Tensor,
     beta: float | None = SITU_BETA,
     linear_beta: float | None = SITU_LINEAR_BETA,
+    compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Pure PyTorch SiTU-GLU: z = [beta tanh(a/beta) sigmoid(a)] * [linear_beta tanh(b/linear_beta)].
 
-    beta None/0 -> 1.0; linear_beta None -> up branch uncapped.
+    beta None/0 -> 1.0; linear_beta None -> up branch uncapped. ``compute_dtype``: the math's dtype instead
+    of fp32 (fp64 for fp64 inputs); bf16 measures what bf16 arithmetic costs (benchmarks/gpu_check.py).
     """
     beta, linear_beta = _resolve_betas(beta, linear_beta)
     a, b, out_dtype = _upcast(gate, up)
+    if compute_dtype is not None:
+        a, b = a.to(compute_dtype), b.to(compute_dtype)
     act = beta * torch.tanh(a / beta) * torch.sigmoid(a)  # SiTU(a), |.| < beta
     if linear_beta is not None:
         b = linear_beta * torch.tanh(b / linear_beta)  # softcap, |.| < linear_beta

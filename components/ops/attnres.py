@@ -271,10 +271,13 @@ def attnres_read_reference(
     query: torch.Tensor,
     norm_weight: torch.Tensor,
     eps: float = 1e-5,
+    compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Plain loop over sources, for tests: per-source RMSNorm, dot with the query, softmax, weighted sum."""
+    """Plain loop over sources, for tests: per-source RMSNorm, dot with the query, softmax, weighted sum.
+    ``compute_dtype``: the math's dtype instead of fp32 (fp64 for fp64 sources); bf16 measures what bf16
+    arithmetic costs the read (benchmarks/gpu_check.py's tolerances)."""
     dtype = sources_list[0].dtype
-    cdt = _compute_dtype(dtype)
+    cdt = compute_dtype or _compute_dtype(dtype)
     w = query.reshape(-1).to(cdt)  # [d]
     gamma = norm_weight.reshape(-1).to(cdt)  # [d]
 
