@@ -6,9 +6,9 @@
   be a bug, and the training module logs it (``balance/bias_rank_divergence``) instead of hiding it.
 * ``fsdp2``: Lightning's ModelParallelStrategy with a data-parallel mesh over every rank (no tensor
   parallelism); the module shards itself in ``configure_model`` with ``shard_fsdp2`` (torch ``fully_shard``
-  per decoder layer, then the root; the methods training calls instead of ``forward`` registered). Checkpoints are sharded folders written by torch.distributed.checkpoint,
-  made crash-safe here: written under a temporary name, then swapped in, so an interrupted save never
-  replaces the previous good folder.
+  per decoder layer, then the root; the methods training calls instead of ``forward`` registered).
+  Checkpoints are sharded folders written by torch.distributed.checkpoint, made crash-safe here: written
+  under a temporary name, then swapped in, so an interrupted save never replaces the previous good folder.
 """
 
 from __future__ import annotations
