@@ -67,14 +67,9 @@ class LanguageModelModule(L.LightningModule):
             self.model.set_activation_checkpointing(True)
         if self.cfg.trainer.strategy != "fsdp2" or getattr(self, "_sharded", False):
             return
-        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+        from runtime.strategies import shard_fsdp2
 
-        mesh = self.device_mesh["data_parallel"]
-        for layer in self.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(self.model, mesh=mesh)  # embedding, head, final norm, residual-scheme weights
-        register_fsdp_forward_method(self.model, "hidden_states")  # training calls it, not forward
-        register_fsdp_forward_method(self.model, "mtp_losses")
+        shard_fsdp2(self.model, self.device_mesh["data_parallel"])
         self._set_hidden()  # the sharded model's hook-wrapped method
         self._sharded = True
 

@@ -5,10 +5,10 @@
   identically from all-reduced statistics (components/balancers/load_stats.py) -- a divergence would
   be a bug, and the training module logs it (``balance/bias_rank_divergence``) instead of hiding it.
 * ``fsdp2``: Lightning's ModelParallelStrategy with a data-parallel mesh over every rank (no tensor
-  parallelism); the module shards itself in ``configure_model`` (torch ``fully_shard`` per decoder
-  layer, then the root). Checkpoints are sharded folders written by torch.distributed.checkpoint,
-  made crash-safe here: written under a temporary name, then swapped in, so an interrupted save never
-  replaces the previous good folder.
+  parallelism); the module shards itself in ``configure_model`` with ``shard_fsdp2`` (torch ``fully_shard``
+  per decoder layer, then the root; the methods training calls instead of ``forward`` registered).
+  Checkpoints are sharded folders written by torch.distributed.checkpoint, made crash-safe here: written
+  under a temporary name, then swapped in, so an interrupted save never replaces the previous good folder.
 """
 
 from __future__ import annotations
@@ -21,6 +21,24 @@ from typing import Any, Optional
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 from runtime.config import data_parallel_ranks
+
+# the decoder's methods training calls instead of forward (runtime/lit_module.py, benchmarks/train_step.py)
+FSDP_FORWARD_METHODS = ("hidden_states", "mtp_losses")
+
+
+def shard_fsdp2(model: Any, mesh: Any) -> None:
+    """FSDP2 over ``mesh`` (a data-parallel device mesh): ``fully_shard`` each decoder layer, then the root
+    (embedding, head, final norm, residual-scheme weights, MTP depths); then ``FSDP_FORWARD_METHODS`` are
+    registered as FSDP forward methods, so calling them gathers the root's parameters as ``forward`` does
+    (unregistered, the embedding would meet its sharded weight: "mixed torch.Tensor and DTensor"). Every
+    place that shards the model calls this (the trainer, the GPU check)."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for method in FSDP_FORWARD_METHODS:
+        register_fsdp_forward_method(model, method)
 
 
 class AtomicShardedStrategy(ModelParallelStrategy):

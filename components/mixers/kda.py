@@ -16,6 +16,7 @@ it at chunk boundaries, fla's kernels take the documents as variable-length sequ
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -36,6 +37,19 @@ from components.registry import MIXERS, ConfigError
 
 A_LOG_INITS = ("auto", "zero", "log_uniform")
 DT_BIAS_INITS = ("inverse_softplus", "zero")
+# fla's KDA kernels take key heads up to this size (fla/ops/kda/chunk.py asserts K <= 256)
+FLA_MAX_HEAD_DIM = 256
+# fla's bounded-gate path (safe_gate) needs every step's log-decay in [FLA_SAFE_GATE_BOUND, 0)
+FLA_SAFE_GATE_BOUND = -5.0
+
+log = logging.getLogger(__name__)
+_logged: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        log.warning(message)
 
 
 @dataclass
@@ -89,10 +103,36 @@ class KDAConfig(ComponentConfig):
             raise ConfigError(
                 f"{key}.backend", f"'{self.backend}' is not allowed; choose one of {', '.join(allowed_backends('kda'))}"
             )
-        if self.backend == "fla" and self.gate_lower_bound is not None and self.gate_lower_bound < -5:
+        if self.backend == "fla" and self.gate_lower_bound is not None and self.gate_lower_bound < FLA_SAFE_GATE_BOUND:
             raise ConfigError(
-                f"{key}.gate_lower_bound", f"fla's kernels need a bound in [-5, 0), got {self.gate_lower_bound}"
+                f"{key}.gate_lower_bound",
+                f"fla's kernels need a bound in [{FLA_SAFE_GATE_BOUND:g}, 0), got {self.gate_lower_bound}",
             )
+        if self.backend == "fla" and self.head_dim > FLA_MAX_HEAD_DIM:
+            raise ConfigError(
+                f"{key}.head_dim",
+                f"{self.head_dim} is above fla's KDA limit of {FLA_MAX_HEAD_DIM} (fla/ops/kda/chunk.py: K <= "
+                f"{FLA_MAX_HEAD_DIM}) for {key}.backend=fla; use a head_dim <= {FLA_MAX_HEAD_DIM} or "
+                f"{key}.backend=torch or auto (auto runs such heads on the torch kernel)",
+            )
+
+    def fla_supports(self) -> Optional[str]:
+        """None when fla's KDA kernels take this layer's shapes, else why not."""
+        if self.head_dim > FLA_MAX_HEAD_DIM:
+            return f"head_dim {self.head_dim} is above fla's KDA limit of {FLA_MAX_HEAD_DIM} (K <= {FLA_MAX_HEAD_DIM})"
+        return None
+
+    def fla_safe_gate(self) -> bool:
+        """Whether the gate is bounded as fla's faster bounded-gate path (``safe_gate``) requires."""
+        return self.gate_lower_bound is not None and self.gate_lower_bound >= FLA_SAFE_GATE_BOUND
+
+
+def fla_kda_kernels():
+    """fla's ``(chunk_kda, fused_recurrent_kda)``, the kernels ``backend=fla`` calls; the one place they
+    are looked up, so a test can put functions of the same signatures in their place."""
+    from fla.ops.kda import chunk_kda, fused_recurrent_kda  # lazy: needs triton
+
+    return chunk_kda, fused_recurrent_kda
 
 
 class KDACache:
@@ -180,6 +220,11 @@ class KimiDeltaAttention(Mixer):
         self.A_log = nn.Parameter(torch.empty(H, dtype=torch.float32))
         self.dt_bias = nn.Parameter(torch.empty(P, dtype=torch.float32))
         self.reset_parameters(init_std, out_init_std or init_std)
+        # whether fla's kernels take these shapes, decided here once (a constant of every forward)
+        unsupported = cfg.fla_supports()
+        self.fla_applies = unsupported is None
+        if unsupported is not None and cfg.backend == "auto":
+            _log_once(f"kda: {unsupported}; mixer.backend=auto runs these layers on the torch kernel")
 
     def no_weight_decay(self) -> set[str]:
         return {"A_log", "dt_bias"}
@@ -220,7 +265,7 @@ class KimiDeltaAttention(Mixer):
         return KDACache()
 
     def use_fla(self, x: torch.Tensor) -> bool:
-        return resolve("kda", self.cfg.backend, x.device) == "fla"
+        return resolve("kda", self.cfg.backend, x.device, applies=self.fla_applies) == "fla"
 
     # -- forward ----------------------------------------------------------------------------------
     def forward(
@@ -277,20 +322,24 @@ class KimiDeltaAttention(Mixer):
         return torch.promote_types(x.dtype, torch.float32)
 
     def _fla_core(self, q, k, v, g, beta, initial, want_state, segments=None):
-        from fla.ops.kda import chunk_kda as fla_chunk_kda
-        from fla.ops.kda import fused_recurrent_kda
+        fla_chunk_kda, fused_recurrent_kda = fla_kda_kernels()
+        # a gate bounded by >= -5 per step takes fla's bounded-gate path (safe_gate: 16-token diagonal blocks
+        # on Tensor Cores), which fla documents for such gates; the same result as the general path
+        safe_gate = self.cfg.fla_safe_gate()
 
         if segments is not None:
             # fla's variable-length form: the rows flattened to one sequence, cut at every document
             # and row start; each piece starts from a zero state
             B, T = q.shape[:2]
             flat = [t.reshape(1, B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]  # [1, B*T, ...]
-            o, _ = fla_chunk_kda(*flat, cu_seqlens=segments.cu_seqlens())
+            o, _ = fla_chunk_kda(*flat, cu_seqlens=segments.cu_seqlens(), safe_gate=safe_gate)
             return o.view(B, T, *o.shape[2:]), None
 
         if initial is not None and q.shape[1] == 1 and not torch.is_grad_enabled():
             return fused_recurrent_kda(q, k, v, g, beta, initial_state=initial, output_final_state=want_state)
-        return fla_chunk_kda(q, k, v, g, beta, initial_state=initial, output_final_state=want_state)
+        return fla_chunk_kda(
+            q, k, v, g, beta, initial_state=initial, output_final_state=want_state, safe_gate=safe_gate
+        )
 
     # -- accounting -------------------------------------------------------------------------------
     def flops_per_token(self, seq_len: int) -> float:

@@ -1,4 +1,5 @@
-"""``@eager_island``: ``torch.compiler.disable`` without importing TorchDynamo when the model is imported.
+"""``@eager_island`` and ``@compile_constant``: TorchDynamo markers applied without importing TorchDynamo
+when the model is imported.
 
 Some model code must run eagerly even inside a compiled layer (data-dependent sizes, host reads,
 per-step Python state). ``torch.compiler.disable`` marks such code, but applying it imports
@@ -10,6 +11,12 @@ can be compiled before then, so both forms behave alike wherever they are called
 
 Islands are looked up by name when they are called (a module global, a class attribute), which is how
 the model code calls them; the replacement checks that the attribute still holds the function it marked.
+
+``@compile_constant`` marks a function of plain Python values (strings, numbers) whose result never
+changes in a process, as ``torch.compiler.assume_constant_result``: TorchDynamo calls it while tracing
+and puts its result into the graph as a constant, instead of tracing its body (which may import modules
+or read caches, both of which break a graph). The kernel back-end decision (``components/ops/backend.py``)
+is one. The mark is set in place once TorchDynamo is imported, like an island's.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from typing import Any, Callable
 _DYNAMO = "torch._dynamo"
 # (function, recursive) of every island not yet replaced by its disabled form
 _pending: list[tuple[Callable[..., Any], bool]] = []
+# every compile_constant function not yet marked
+_pending_constants: list[Callable[..., Any]] = []
 
 
 def eager_island(fn: Callable[..., Any] | None = None, *, recursive: bool = True) -> Any:
@@ -38,6 +47,18 @@ def eager_island(fn: Callable[..., Any] | None = None, *, recursive: bool = True
         return f
 
     return mark if fn is None else mark(fn)
+
+
+def compile_constant(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` (a decorator) as ``torch.compiler.assume_constant_result``: inside compiled code its
+    result is a constant of the graph. Only for functions of constants whose result is fixed per process."""
+    if _DYNAMO in sys.modules:
+        import torch
+
+        return torch.compiler.assume_constant_result(fn)
+    _pending_constants.append(fn)
+    _watch_for_dynamo()
+    return fn
 
 
 def _owner_and_name(fn: Callable[..., Any]) -> tuple[Any, str]:
@@ -61,6 +82,8 @@ def _replace_pending() -> None:
                 "as, so it cannot be replaced by its torch.compiler.disable form; apply the decorator outermost"
             )
         setattr(owner, name, torch.compiler.disable(fn, recursive=recursive))
+    while _pending_constants:
+        torch.compiler.assume_constant_result(_pending_constants.pop())  # marks the function in place
 
 
 class _DynamoImportWatch(importlib.abc.MetaPathFinder):

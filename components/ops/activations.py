@@ -9,7 +9,7 @@ matching the reference `SituAndMul`.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -62,13 +62,17 @@ def situ_glu_reference(
     up: torch.Tensor,
     beta: float | None = SITU_BETA,
     linear_beta: float | None = SITU_LINEAR_BETA,
+    compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Pure PyTorch SiTU-GLU: z = [beta tanh(a/beta) sigmoid(a)] * [linear_beta tanh(b/linear_beta)].
 
-    beta None/0 -> 1.0; linear_beta None -> up branch uncapped.
+    beta None/0 -> 1.0; linear_beta None -> up branch uncapped. ``compute_dtype``: the math's dtype instead
+    of fp32 (fp64 for fp64 inputs); bf16 measures what bf16 arithmetic costs (benchmarks/gpu_check.py).
     """
     beta, linear_beta = _resolve_betas(beta, linear_beta)
     a, b, out_dtype = _upcast(gate, up)
+    if compute_dtype is not None:
+        a, b = a.to(compute_dtype), b.to(compute_dtype)
     act = beta * torch.tanh(a / beta) * torch.sigmoid(a)  # SiTU(a), |.| < beta
     if linear_beta is not None:
         b = linear_beta * torch.tanh(b / linear_beta)  # softcap, |.| < linear_beta
@@ -105,4 +109,46 @@ def situ_glu(
     if resolve("situ_glu", backend, gate.device, applies=lambda: _triton_applies(gate, up)) == "torch":
         return situ_glu_reference(gate, up, beta, linear_beta)
     beta, linear_beta = _resolve_betas(beta, linear_beta)
-    return _triton_module().situ_glu_triton(gate, up, beta, linear_beta)
+    return _situ_glu_triton(gate, up, beta, linear_beta)
+
+
+# The Triton kernel enters a compiled graph as two opaque ops (forward, backward; each with a shape
+# function), launched by components/ops/triton/situ_glu.py: TorchDynamo never traces the launch code, and
+# the graph around the activation stays whole. The backward recomputes from the inputs, as the kernel does.
+@torch.library.custom_op("k3::situ_glu_triton", mutates_args=())
+def _situ_glu_triton(gate: torch.Tensor, up: torch.Tensor, beta: float, linear_beta: Optional[float]) -> torch.Tensor:
+    return _triton_module().situ_glu_fwd(gate, up, beta, linear_beta)
+
+
+@_situ_glu_triton.register_fake
+def _(gate, up, beta, linear_beta):
+    return torch.empty_like(gate, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("k3::situ_glu_triton_backward", mutates_args=())
+def _situ_glu_triton_backward(
+    grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, beta: float, linear_beta: Optional[float]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _triton_module().situ_glu_bwd(grad, gate, up, beta, linear_beta)
+
+
+@_situ_glu_triton_backward.register_fake
+def _(grad, gate, up, beta, linear_beta):
+    return (
+        torch.empty_like(gate, memory_format=torch.contiguous_format),
+        torch.empty_like(up, memory_format=torch.contiguous_format),
+    )
+
+
+def _situ_glu_setup(ctx, inputs, output) -> None:
+    gate, up, beta, linear_beta = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.betas = (beta, linear_beta)
+
+
+def _situ_glu_grad(ctx, grad):
+    gate, up = ctx.saved_tensors
+    return (*_situ_glu_triton_backward(grad, gate, up, *ctx.betas), None, None)
+
+
+_situ_glu_triton.register_autograd(_situ_glu_grad, setup_context=_situ_glu_setup)

@@ -13,7 +13,8 @@ All of it in fp32 (fp64 for fp64 inputs); ``h`` is cast back to the sources' dty
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -93,10 +94,114 @@ def _read_torch(
 
 
 def _aligned(u: torch.Tensor) -> torch.Tensor:
-    # the fused kernel gathers each source through a raw pointer that must be 16-byte aligned;
-    # slices of a stacked tensor are not when (numel per source * itemsize) % 16 != 0
+    # the fused kernel gathers each source through a raw pointer that must be 16-byte aligned (fla asserts
+    # it); slices of a stacked tensor are not when (numel per source * itemsize) % 16 != 0. Called inside
+    # the kernel's ops only, never in a traced graph: data_ptr() there would end the graph
     u = u.contiguous()
     return u if u.data_ptr() % 16 == 0 else u.clone()
+
+
+def _fla_kernels() -> tuple[Callable, Callable, Callable]:
+    """fla's fused AttnRes read as its two launches and their pointer table: ``(fused_attnres_fwd,
+    fused_attnres_bwd, _build_ptr_table)`` of ``fla.ops.attnres.fused`` (the functions its
+    ``FusedAttnresFunction`` calls). The one place they are looked up, so a test can put functions of
+    the same signatures in their place (the torch read, on a CPU)."""
+    from fla.ops.attnres import fused  # lazy: needs triton
+
+    return fused.fused_attnres_fwd, fused.fused_attnres_bwd, fused._build_ptr_table
+
+
+def _on_device(t: torch.Tensor):
+    # launch on the tensors' GPU, not the current one (as fla's input_guard does)
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+# The kernel enters a compiled graph as two opaque ops (forward and backward, each with a shape function):
+# TorchDynamo never traces fla's Python wrappers (their pointer table reads data_ptr(), which would end the
+# graph), so the graph around the read stays whole. Sources arrive flattened, [N, d] each.
+@torch.library.custom_op("k3::attnres_read_fla", mutates_args=())
+def _fla_forward(
+    query: torch.Tensor, norm_weight: torch.Tensor, residuals: list[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mixed [N, d] in the sources' dtype, rstd [S, N], logits [S, N], logsumexp [N]; fp32 statistics)."""
+    forward, _, table = _fla_kernels()
+    srcs = [_aligned(u) for u in residuals]
+    with _on_device(query):
+        # fla's rms_eps defaults to 1e-6; K3 uses 1e-5. scale=1.0: AttnRes has no temperature.
+        # checkpoint_level=1: the pre-norm mix is not kept (fla's default; there is no output norm here)
+        o, _, rstd, logit, lse = forward(
+            q=query.contiguous(),
+            residuals=srcs,
+            res=table(srcs),
+            w=norm_weight.contiguous(),
+            ow=None,
+            eps=eps,
+            scale=1.0,
+            checkpoint_level=1,
+        )
+    return o, rstd, logit, lse
+
+
+@_fla_forward.register_fake
+def _(query, norm_weight, residuals, eps):
+    S, (N, _) = len(residuals), residuals[0].shape
+    stats = residuals[0].new_empty((S, N), dtype=torch.float32)
+    return torch.empty_like(residuals[0]), stats, torch.empty_like(stats), stats.new_empty(N)
+
+
+@torch.library.custom_op("k3::attnres_read_fla_backward", mutates_args=())
+def _fla_backward(
+    grad: torch.Tensor,
+    query: torch.Tensor,
+    norm_weight: torch.Tensor,
+    residuals: list[torch.Tensor],
+    rstd: torch.Tensor,
+    logit: torch.Tensor,
+    lse: torch.Tensor,
+    eps: float,
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Gradients of the read: (each source's [N, d], the query's [d], the key-norm gain's [d])."""
+    _, backward, table = _fla_kernels()
+    srcs = [_aligned(u) for u in residuals]
+    with _on_device(query):
+        dsrcs, dq, dw, _ = backward(
+            do=grad.contiguous(),
+            q=query.contiguous(),
+            residuals=srcs,
+            res=table(srcs),
+            w=norm_weight.contiguous(),
+            ow=None,
+            o_pre=None,
+            rstd=rstd,
+            logit=logit,
+            lse=lse,
+            eps=eps,
+            scale=1.0,
+            checkpoint_level=1,
+        )
+    return list(dsrcs), dq, dw
+
+
+@_fla_backward.register_fake
+def _(grad, query, norm_weight, residuals, rstd, logit, lse, eps):
+    return [torch.empty_like(u) for u in residuals], torch.empty_like(query), torch.empty_like(norm_weight)
+
+
+def _fla_setup(ctx, inputs, output) -> None:
+    query, norm_weight, residuals, eps = inputs
+    _, rstd, logit, lse = output
+    ctx.save_for_backward(query, norm_weight, rstd, logit, lse, *residuals)
+    ctx.eps = eps
+    ctx.mark_non_differentiable(rstd, logit, lse)
+
+
+def _fla_grad(ctx, grad, *_stats):
+    query, norm_weight, rstd, logit, lse, *residuals = ctx.saved_tensors
+    dsrcs, dq, dw = _fla_backward(grad, query, norm_weight, residuals, rstd, logit, lse, ctx.eps)
+    return dq, dw, dsrcs, None
+
+
+_fla_forward.register_autograd(_fla_grad, setup_context=_fla_setup)
 
 
 def _read_fla(
@@ -106,23 +211,16 @@ def _read_fla(
     norm_weight: torch.Tensor,
     eps: float,
     return_weights: bool,
-    kernel=None,
 ):
-    """fla's AttnRes kernel; ``kernel`` overrides it (same call signature) so the wiring is testable on CPU."""
-    if kernel is None:
-        from fla.ops.attnres import fused_attnres as kernel  # lazy: needs triton
+    """The read on fla's kernels (``_fla_kernels``), through their custom ops; weights as fla computes
+    them, ``exp(logit - logsumexp)``, fp32."""
     residuals = list(stacked.unbind(0)) if stacked is not None else srcs  # S x [..., d]
-    residuals = [_aligned(u) for u in residuals]
-    # fla's rms_eps defaults to 1e-6; K3 uses 1e-5. scale=1.0: AttnRes has no temperature.
-    return kernel(
-        query,
-        residuals,
-        norm_weight,
-        output_rms_weight=None,
-        rms_eps=eps,
-        scale=1.0,
-        return_weights=return_weights,
-    )
+    lead, d = residuals[0].shape[:-1], residuals[0].shape[-1]
+    mixed, _, logit, lse = _fla_forward(query, norm_weight, [u.reshape(-1, d) for u in residuals], eps)
+    mixed = mixed.view(*lead, d)
+    if not return_weights:
+        return mixed
+    return mixed, (logit - lse).exp().view(len(residuals), *lead)
 
 
 def attnres_read(
@@ -173,10 +271,13 @@ def attnres_read_reference(
     query: torch.Tensor,
     norm_weight: torch.Tensor,
     eps: float = 1e-5,
+    compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Plain loop over sources, for tests: per-source RMSNorm, dot with the query, softmax, weighted sum."""
+    """Plain loop over sources, for tests: per-source RMSNorm, dot with the query, softmax, weighted sum.
+    ``compute_dtype``: the math's dtype instead of fp32 (fp64 for fp64 sources); bf16 measures what bf16
+    arithmetic costs the read (benchmarks/gpu_check.py's tolerances)."""
     dtype = sources_list[0].dtype
-    cdt = _compute_dtype(dtype)
+    cdt = compute_dtype or _compute_dtype(dtype)
     w = query.reshape(-1).to(cdt)  # [d]
     gamma = norm_weight.reshape(-1).to(cdt)  # [d]
 

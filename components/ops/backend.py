@@ -18,12 +18,13 @@ different question with its own option, ``ffn.dispatch``.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 from typing import Callable, Union
 
 import torch
+
+from components.nn.eager_island import compile_constant
 
 BACKENDS = ("torch", "fla", "triton", "auto")
 
@@ -46,17 +47,24 @@ def allowed_backends(op: str) -> tuple[str, ...]:
     return ("torch", KERNELS[op], "auto")
 
 
-@functools.cache
+# kernel -> whether it imports here: each kernel's modules are imported once per process, at the first
+# question (never inside a compiled graph: see _decide)
+_AVAILABLE: dict[str, bool] = {}
+
+
 def available(kernel: str) -> bool:
     """Whether a kernel back-end imports on this machine (checked once per process)."""
     if kernel == "torch":
         return True
-    try:
-        for module in _KERNEL_MODULES[kernel]:
-            importlib.import_module(module)
-    except Exception:  # ImportError, or Triton failing to initialise on this platform
-        return False
-    return True
+    if kernel not in _AVAILABLE:
+        try:
+            for module in _KERNEL_MODULES[kernel]:
+                importlib.import_module(module)
+        except Exception:  # ImportError, or Triton failing to initialise on this platform
+            _AVAILABLE[kernel] = False
+        else:
+            _AVAILABLE[kernel] = True
+    return _AVAILABLE[kernel]
 
 
 def interpreting() -> bool:
@@ -79,26 +87,44 @@ def resolve(op: str, choice: str, device: torch.device, applies: Union[bool, Cal
     CPU-only callers never import Triton). ``auto`` falls back to ``torch`` when the kernel does not apply, is
     not importable or the tensors are not on CUDA. An explicit kernel choice never falls back: it
     raises a RuntimeError naming the op and what is missing.
+
+    Inside a compiled graph this costs nothing: the part that depends on the machine (``_decide``) is a
+    constant to TorchDynamo, and ``applies`` reads only shapes and dtypes, which the graph's guards fix.
     """
     check_choice(op, choice)
-    kernel = KERNELS[op]
     if choice == "torch":
         return "torch"
-    on_device = device.type == "cuda" or (kernel == "triton" and interpreting())
+    decided = _decide(op, choice, device.type)
+    if decided.startswith("!"):
+        raise RuntimeError(decided[1:])
+    if decided == "torch" or _applies(applies):
+        return decided
     if choice == "auto":
-        return kernel if on_device and _applies(applies) and available(kernel) else "torch"
+        return "torch"
+    raise RuntimeError(f"{op}: backend '{decided}' does not support these inputs; use backend torch or auto")
+
+
+@compile_constant
+def _decide(op: str, choice: str, device_type: str) -> str:
+    """What the machine decides for a kernel ``choice`` (``auto`` or the op's kernel) of ``op`` on a
+    ``device_type`` tensor, before the call's own shapes are looked at: ``torch``, the kernel's name (if
+    it applies to the call), or ``!`` and the error an explicit choice raises. Fixed per process (the
+    kernel imports or not; Triton's interpreter is on or not), hence a constant to TorchDynamo: it runs
+    once while a graph is traced, and its importing never enters the graph."""
+    kernel = KERNELS[op]
+    on_device = device_type == "cuda" or (kernel == "triton" and interpreting())
+    if choice == "auto":
+        return kernel if on_device and available(kernel) else "torch"
     if not available(kernel):
-        raise RuntimeError(
-            f"{op}: backend '{kernel}' is not importable on this machine (install "
+        return (
+            f"!{op}: backend '{kernel}' is not importable on this machine (install "
             f"{'fla-core' if kernel == 'fla' else 'triton'}); use backend torch or auto"
         )
     if not on_device:
-        raise RuntimeError(
-            f"{op}: backend '{kernel}' is a Triton kernel and needs CUDA tensors, got {device.type}; use backend torch "
-            "or auto"
+        return (
+            f"!{op}: backend '{kernel}' is a Triton kernel and needs CUDA tensors, got {device_type}; use backend "
+            "torch or auto"
         )
-    if not _applies(applies):
-        raise RuntimeError(f"{op}: backend '{kernel}' does not support these inputs; use backend torch or auto")
     return kernel
 
 

@@ -170,10 +170,11 @@ def recurrent_kda(
 # that the chunk is halved, down to 16 tokens, where a gate bounded by -5 spans at most 80.
 # Unbounded (softplus) gates that still span more over 16 tokens fall back to explicit pairwise
 # decays, masked before exp.
-_SPAN_REF0 = {torch.float32: 60.0, torch.float64: 300.0}
-_SPAN_MID = {torch.float32: 80.0, torch.float64: 600.0}
+# bf16 (compute_dtype=torch.bfloat16, for error measurements) has fp32's exponent range, hence its limits
+_SPAN_REF0 = {torch.float32: 60.0, torch.float64: 300.0, torch.bfloat16: 60.0}
+_SPAN_MID = {torch.float32: 80.0, torch.float64: 600.0, torch.bfloat16: 80.0}
 # pairwise fallback: decay factors below exp(floor) are flushed to zero (no denormals)
-_LOG_FLOOR = {torch.float32: -35.0, torch.float64: -300.0}
+_LOG_FLOOR = {torch.float32: -35.0, torch.float64: -300.0, torch.bfloat16: -35.0}
 _MIN_CHUNK = 16
 
 
@@ -399,10 +400,12 @@ class _ChunkKDA(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, resets=None):
+    def forward(
+        ctx, q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, resets=None, compute_dtype=None
+    ):
         B, T, H, K = q.shape
         V = v.shape[-1]
-        dt = _compute_dtype(q, k, v, g, beta, initial_state)
+        dt = compute_dtype or _compute_dtype(q, k, v, g, beta, initial_state)
         BH = B * H
         C, G, mode = _choose_chunking(g, chunk_size, dt)  # G: [Z, C, K]
         N = G.shape[0] // BH
@@ -563,6 +566,7 @@ class _ChunkKDA(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -584,6 +588,7 @@ def chunk_kda(
     output_final_state: bool = False,
     chunk_size: int = 64,
     segments: Segments | None = None,
+    compute_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked KDA (WY / UT form, docs/k3.md §2.5); same contract and result as ``recurrent_kda``.
 
@@ -600,6 +605,9 @@ def chunk_kda(
     multiple of an alignment <= ``chunk_size`` (``Segments.packing``: halved while the padding would
     grow the row by more than half), and the kernel zeroes the state entering every chunk that starts
     a document. The final state is the one after each row's last document.
+
+    ``compute_dtype``: the dtype the chunked form computes in instead of fp32 (fp64 for fp64 inputs); bf16
+    measures what bf16 arithmetic costs this algorithm (the tolerances of benchmarks/gpu_check.py).
     """
     if chunk_size < _MIN_CHUNK or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two >= {_MIN_CHUNK}, got {chunk_size}")
@@ -614,21 +622,29 @@ def chunk_kda(
             S = q.new_zeros(B, HV, K, V, dtype=dt) if initial_state is None else initial_state.to(dt).clone()
         return v.new_zeros(B, 0, HV, V), S
     q, k = _expand_heads(q, k, HV)
-    o, final = _chunk_kda_apply(q, k, v, g, beta, initial_state, float(scale), chunk_size, output_final_state, segments)
+    o, final = _chunk_kda_apply(
+        q, k, v, g, beta, initial_state, float(scale), chunk_size, output_final_state, segments, compute_dtype
+    )
     return o, (final if output_final_state else None)
 
 
 @eager_island
-def _chunk_kda_apply(q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, segments=None):
+def _chunk_kda_apply(
+    q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, segments=None, compute_dtype=None
+):
     # An opaque island inside a compiled region: the chunk size is chosen from the data (one host read of
     # the largest chunk log-decay), the hand-written backward loops over chunks, and every op inside is
     # already a batched matmul or a fused in-place update, so tracing it would gain nothing. With
     # segments the document layout (another host read, sizes from the data) is made here too, so a
     # compiled layer sees the same shapes whatever the documents.
     if segments is None:
-        return _ChunkKDA.apply(q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state)
+        return _ChunkKDA.apply(
+            q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, None, compute_dtype
+        )
     T = q.shape[1]
     packing = segments.packing(chunk_size, _MIN_CHUNK)
     packed = [packing.pack(x) for x in (q, k, v, g, beta)]  # [B, length, ...], zeros between documents
-    o, final = _ChunkKDA.apply(*packed, initial_state, scale, packing.align, output_final_state, packing.starts)
+    o, final = _ChunkKDA.apply(
+        *packed, initial_state, scale, packing.align, output_final_state, packing.starts, compute_dtype
+    )
     return packing.unpack(o, T), final

@@ -4,6 +4,7 @@ layer equations (docs/k3.md §2.2), chunked vs recurrent paths, and cached decod
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,6 +149,80 @@ def test_validation(field, value):
     with pytest.raises(ConfigError) as err:
         cfg.validate(None, "mixer")
     assert err.value.key == f"mixer.{field}"
+
+
+# -- fla's limits and the bounded-gate path --------------------------------------------------------------
+def test_a_head_size_fla_rejects_is_refused_before_training(train_cmd):
+    from tests.helpers import compose_root
+
+    with pytest.raises(ConfigError) as err:
+        compose_root("model=tiny", "mixer=kda", "mixer.backend=fla", "mixer.head_dim=512")
+    assert err.value.key == "mixer.head_dim" and "256" in str(err.value) and "fla" in str(err.value)
+    out = train_cmd("model=tiny", "mixer=kda", "mixer.backend=fla", "mixer.head_dim=512", "logger=csv", timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "mixer.head_dim" in out.stderr and "256" in out.stderr
+
+
+def test_the_head_size_limit_is_fla_s():
+    # the limit KDAConfig enforces is the one the installed fla-core asserts
+    import importlib.util
+    import re
+
+    from components.mixers.kda import FLA_MAX_HEAD_DIM
+
+    spec = importlib.util.find_spec("fla")
+    if spec is None:
+        pytest.skip("fla-core not installed")
+    source = (Path(spec.origin).parent / "ops" / "kda" / "chunk.py").read_text()
+    assert re.findall(r"assert K <= (\d+)", source) == [str(FLA_MAX_HEAD_DIM)]
+
+
+def _fla_spy(monkeypatch):
+    """The fla path on a CPU (CUDA faked, fla's kernels their torch stand-ins), recording each chunk_kda call's
+    keyword arguments."""
+    from components.mixers import kda
+    from tests.kernel_fakes import fake_cuda, torch_kernels
+
+    fake_cuda(monkeypatch)
+    torch_kernels(monkeypatch)
+    chunk, recurrent = kda.fla_kda_kernels()
+    calls = []
+
+    def spy_chunk(*args, **kwargs):
+        calls.append(kwargs)
+        return chunk(*args, **kwargs)
+
+    monkeypatch.setattr(kda, "fla_kda_kernels", lambda: (spy_chunk, recurrent))
+    return calls
+
+
+def test_auto_runs_heads_fla_rejects_on_torch_and_says_why_once(monkeypatch, caplog):
+    from components.mixers import kda
+
+    calls = _fla_spy(monkeypatch)
+    monkeypatch.setattr(kda, "_logged", set())
+    with caplog.at_level("WARNING", logger="components.mixers.kda"):
+        layers = [make(dtype=torch.float32, backend="auto", n_heads=1, head_dim=512) for _ in range(2)]
+    x = torch.randn(1, 20, 48)
+    for layer in layers:
+        assert not layer.use_fla(x)
+        layer(x).square().mean().backward()  # trains, on the torch kernel
+    assert calls == []
+    reasons = [r.getMessage() for r in caplog.records if r.name == "components.mixers.kda"]
+    assert len(reasons) == 1 and "512" in reasons[0] and "256" in reasons[0] and "torch" in reasons[0]
+    assert make(dtype=torch.float32, backend="auto", head_dim=256).use_fla(x)  # at the limit: fla
+
+
+@pytest.mark.parametrize("bound, safe", [(-5.0, True), (-3.0, True), (None, False)])
+def test_fla_takes_its_bounded_gate_path_where_the_gate_is_bounded(monkeypatch, bound, safe):
+    calls = _fla_spy(monkeypatch)
+    m = make(dtype=torch.float32, backend="fla", gate_lower_bound=bound)
+    x = torch.randn(2, 20, 48)
+    m(x)
+    from components.nn.segments import Segments
+
+    m(x, segments=Segments(torch.tensor([[0] * 8 + [1] * 12, [0] * 20])))  # fla's variable-length form
+    assert [c.get("safe_gate") for c in calls] == [safe, safe]
 
 
 def test_fla_backend_needs_cuda():

@@ -351,7 +351,7 @@ def test_triton_kernel_compiled_on_cuda(dtype, lb):
     g1, u1 = g.clone().requires_grad_(), u.clone().requires_grad_()
     g2, u2 = g.clone().requires_grad_(), u.clone().requires_grad_()
     z1 = situ_glu(g1, u1, linear_beta=lb)
-    assert type(z1.grad_fn).__name__.startswith("SituGluTriton")
+    assert "k3_situ_glu_triton" in type(z1.grad_fn).__name__  # the kernel's custom op
     z1.backward(dz)
     z2 = situ_glu_reference(g2, u2, linear_beta=lb)
     z2.backward(dz)

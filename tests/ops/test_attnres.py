@@ -123,15 +123,51 @@ def test_matches_fla_naive_attnres(S):
     torch.testing.assert_close(w, p_fla, **TOL[torch.float32])
 
 
-def test_fla_adapter_wiring_on_cpu():
-    # the fla path's argument plumbing (unbind, eps, scale, weights layout) with the naive op as the kernel
-    naive_attnres = _naive_attnres()
-    u, q, gain = _inputs(4, (3, 5), seed=3)
+@pytest.mark.parametrize("S", [1, 4])
+def test_fla_adapter_wiring_on_cpu(monkeypatch, S):
+    # the fla path's plumbing (unbind, flattening, eps, scale, weights layout, the custom ops' autograd) with
+    # fla's two launches replaced by torch functions of the same signatures (tests/kernel_fakes.py)
+    from tests.kernel_fakes import torch_kernels
+
+    launches = torch_kernels(monkeypatch)
+    u, q, gain = _inputs(S, (3, 5), seed=3, grad=True)
+    gy = torch.randn(3, 5, D, generator=_gen(1))
     out, w = attnres_read(u, q, gain, eps=K3_EPS, return_weights=True)
+    ref_grads = torch.autograd.grad((out * gy).sum(), [u, q, gain])
     for stacked, srcs in ((u, None), (None, list(u))):
-        o, p = _read_fla(stacked, srcs, q, gain, K3_EPS, True, kernel=naive_attnres)
+        o, p = _read_fla(stacked, srcs, q, gain, K3_EPS, True)
         torch.testing.assert_close(o, out, **TOL[torch.float32])
         torch.testing.assert_close(p, w, **TOL[torch.float32])
+        assert not p.requires_grad  # the weights are a diagnostic
+        for a, b in zip(torch.autograd.grad((o * gy).sum(), [u, q, gain]), ref_grads):
+            torch.testing.assert_close(a, b, **TOL[torch.float32])
+    assert launches["attnres"] > 0
+
+
+def test_fla_custom_ops_are_consistent(monkeypatch):
+    # schema, shape functions and autograd registration of the kernel's ops (what torch.compile relies on)
+    from tests.kernel_fakes import torch_kernels
+
+    torch_kernels(monkeypatch)
+    u, q, gain = _inputs(3, (2, 4), seed=5)
+    srcs = [x.reshape(-1, D).requires_grad_(True) for x in u]
+    torch.library.opcheck(
+        torch.ops.k3.attnres_read_fla, (q.requires_grad_(True), gain.requires_grad_(True), srcs, K3_EPS)
+    )
+
+
+def test_fla_kernels_are_looked_up_where_fla_has_them():
+    # the fla-core functions the fla path launches, with the signatures it calls them with
+    import inspect
+
+    pytest.importorskip("fla.ops.attnres.fused")
+    from components.ops.attnres import _fla_kernels
+
+    forward, backward, _ = _fla_kernels()
+    assert {"q", "residuals", "res", "w", "ow", "eps", "scale", "checkpoint_level"} <= set(
+        inspect.signature(forward).parameters
+    )
+    assert {"do", "o_pre", "rstd", "logit", "lse"} <= set(inspect.signature(backward).parameters)
 
 
 def test_bf16_input_uses_fp32_math():

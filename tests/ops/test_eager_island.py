@@ -1,5 +1,6 @@
-"""``@eager_island``: the model imports without TorchDynamo, and every island is ``torch.compiler.disable``'d
-once TorchDynamo is imported, whichever comes first."""
+"""``@eager_island`` / ``@compile_constant``: the model imports without TorchDynamo, and every island is
+``torch.compiler.disable``'d (every constant marked ``torch.compiler.assume_constant_result``) once TorchDynamo
+is imported, whichever comes first."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ ISLANDS = [
     ("components.ffn.router", "Router._record"),
     ("components.ops.kda", "_chunk_kda_apply"),
 ]
+# every compile_constant of the model code
+CONSTANTS = [("components.ops.backend", "_decide")]
 
 CHECK = """
 import importlib, sys
@@ -31,6 +34,10 @@ for module, path in {islands!r}:
     for part in path.split("."):
         obj = getattr(obj, part)
     if not getattr(obj, "_torchdynamo_disable", False):
+        missing.append(module + "." + path)
+for module, path in {constants!r}:
+    obj = getattr(importlib.import_module(module), path)
+    if not getattr(obj, "_dynamo_marked_constant", False):  # what assume_constant_result sets
         missing.append(module + "." + path)
 print("missing:", missing)
 """
@@ -51,7 +58,7 @@ def test_importing_the_model_does_not_import_dynamo():
 def test_every_island_is_disabled_once_dynamo_is_imported(model_first):
     imports = ["import components.model, components.ffn.moe, components.mixers.kda", "import torch._dynamo"]
     first, second = imports if model_first else imports[::-1]
-    out = _python(CHECK.format(first=first, second=second, islands=ISLANDS))
+    out = _python(CHECK.format(first=first, second=second, islands=ISLANDS, constants=CONSTANTS))
     assert out.strip() == "missing: []"
 
 
@@ -70,6 +77,30 @@ def test_an_island_runs_eagerly_inside_a_compiled_function():
     assert explained.break_reasons  # the graph ends at the island, which runs eagerly
     assert not any("nonzero" in graph.code for graph in explained.graphs)
     assert torch.compile(count_documents, backend="eager")(x) == count_documents(x)
+
+
+def test_a_constant_is_called_once_while_tracing_and_never_traced():
+    import importlib
+
+    import torch
+    import torch._dynamo
+
+    from components.nn.eager_island import compile_constant
+
+    calls = []
+
+    @compile_constant
+    def imports(name: str) -> bool:
+        calls.append(name)
+        importlib.import_module(name)  # TorchDynamo refuses to trace this
+        return True
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if imports("json") else x
+
+    explained = torch._dynamo.explain(f)(torch.ones(3))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    assert calls == ["json"]
 
 
 def test_an_island_under_another_decorator_is_refused_when_replaced():

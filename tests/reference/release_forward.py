@@ -6,7 +6,7 @@ package ships) on an exported checkpoint folder, on the CPU in fp32, and save it
 Runs under the reference environment (tests/reference/setup_reference_env.sh), not the project's: the
 package pins its own torch/transformers ranges. Its files are loaded by path (the package's own
 ``__init__`` pulls in a heavy stack). Its KDA layers call fla's Triton kernels, run here by the Triton
-interpreter (``TRITON_INTERPRET=1``) with four runtime shims (``install_triton_cpu_shims``).
+interpreter (``TRITON_INTERPRET=1``) with the runtime shims of ``triton_shims.py`` (``install_triton_cpu_shims``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import ast  # noqa: E402
 import importlib.machinery  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -28,81 +27,8 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-import triton  # noqa: E402  (after TRITON_INTERPRET is set)
-import triton.language as tl  # noqa: E402
-
-
-@triton.jit
-def _k3ref_gather(src, index, axis):
-    return tl.gather(src, index, axis)
-
-
-# --------------------------------------------------------------------------------------
-# Triton interpreter shims (CPU execution of fla's kernels)
-# --------------------------------------------------------------------------------------
-_SHIMS_DONE = False
-
-
-def install_triton_cpu_shims() -> None:
-    global _SHIMS_DONE
-    if _SHIMS_DONE:
-        return
-    import numpy as np
-    from triton.runtime import autotuner
-    from triton.runtime import interpreter as interp
-
-    # (1) Autotuner: the interpreter has no driver/benchmarker -> never time configs.
-    #     All configs tie at 0.0, so the first (pruned) config is used.
-    autotuner.Autotuner._bench = lambda self, *a, config, **k: [0.0, 0.0, 0.0]
-
-    # (2) Loop counters: compiled Triton makes `for i in range(..)` / `tl.range(..)`
-    #     induction variables int32 tensors (fla calls `i_t.to(tl.int64)` on them);
-    #     the interpreter yields Python ints. Rewrite those loops' iterators.
-    def _k3ref_int_iter(it):
-        for v in it:
-            yield interp._implicit_cvt(v) if isinstance(v, int) else v
-
-    interp._k3ref_int_iter = _k3ref_int_iter  # copied into kernel globals by the rewriter
-
-    def _visit_for(self, node):
-        self.generic_visit(node)
-        f = node.iter.func if isinstance(node.iter, ast.Call) else None
-        name = f.id if isinstance(f, ast.Name) else (f.attr if isinstance(f, ast.Attribute) else None)
-        if name == "range":  # builtin range and tl.range; NOT tl.static_range (constexpr)
-            node.iter = ast.Call(func=ast.Name(id="_k3ref_int_iter", ctx=ast.Load()), args=[node.iter], keywords=[])
-        return node
-
-    interp.ASTTransformer.visit_For = _visit_for
-
-    # (3) tl.dot on bf16/fp16 operands: bf16 is stored as uint16 in the interpreter and
-    #     np.matmul would multiply the raw bits. Upcast to fp32 first.
-    _orig_dot = interp.InterpreterBuilder.create_dot
-
-    def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        def up(h):
-            if h.dtype == tl.bfloat16:
-                data = (h.data.astype(np.uint32) << 16).view(np.float32)
-                return interp.TensorHandle(data, tl.float32)
-            if h.dtype == tl.float16:
-                return interp.TensorHandle(h.data.astype(np.float32), tl.float32)
-            return h
-
-        return _orig_dot(self, up(a), up(b), d, input_precision, max_num_imprecise_acc)
-
-    interp.InterpreterBuilder.create_dot = _create_dot
-
-    # (4) fla aliases `gather = tl.gather` at module level; the interpreter only patches
-    #     builtins reached through the `tl` module, so re-jit a thin wrapper.
-    # The wrapper lives at module level (_k3ref_gather) because the interpreter requires
-    # `triton.language` to be visible in the jitted function's globals.
-    _gather = _k3ref_gather
-    import fla.ops.utils.op as fla_op
-
-    fla_op.gather = _gather
-    for modname in ("fla.ops.kda.chunk_intra",):
-        mod = importlib.import_module(modname)
-        mod.gather = _gather
-    _SHIMS_DONE = True
+# the interpreter shims, shared with the project's kernel checks (run as a script, this folder is on sys.path)
+from triton_shims import install_triton_cpu_shims  # noqa: E402  (after TRITON_INTERPRET is set)
 
 
 # --------------------------------------------------------------------------------------
