@@ -189,6 +189,7 @@ def _start_prepare(*argv) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # its lines arrive as it prints them
     )
 
 
@@ -198,13 +199,14 @@ def test_a_second_preparation_of_one_folder_waits_then_reuses_or_refuses(tmp_pat
     out = tmp_path / "out"
     with OutputLock(out):  # a preparation of ``out`` is under way
         same = _start_prepare(a, "--out", out, "--val-fraction", "0.3")
-        deadline = time.time() + 120
-        while time.time() < deadline and same.poll() is None and not out.exists():
-            time.sleep(0.5)
+        said = ""
+        while "waiting for it" not in said:  # it says so once it finds the folder's lock held
+            said = same.stdout.readline()
+            assert said, "the second preparation ended without waiting for the first"
+        time.sleep(1.0)
         assert same.poll() is None and not out.exists()  # it waits instead of writing beside the holder
     stdout, stderr = same.communicate(timeout=300)
     assert same.returncode == 0, stderr
-    assert "waiting for it" in stdout
     first = tree_hash(out)
     # two at once on one folder, different inputs: one prepares, the other is refused, nothing collides
     procs = [_start_prepare(src, "--out", tmp_path / "both", "--val-fraction", "0.3") for src in (a, b)]
