@@ -278,7 +278,8 @@ def markdown_report(decision: str, metric: str, cells: list[dict], comparison: C
         f"Metric fitted: final `{metric}` against training FLOPs. Intervals: {s['confidence']:.0%} percentile, "
         f"{s['bootstrap']} bootstrap replicates ({s['bootstrap_method']} resampled"
         + (", paired across arms" if s["paired_rungs"] else "")
-        + f"); Huber delta {s['huber_delta']:g} on log residuals.\n",
+        + f"), widened x{s['t_widening']:.3g} for {s['degrees_of_freedom']} seed degrees of freedom; "
+        f"Huber delta {s['huber_delta']:g} on log residuals.\n",
         "## Runs per arm and rung\n",
     ]
     edge_column = any("lr_edge" in c for c in cells)
@@ -612,10 +613,23 @@ def report(
         **comparison.summary(),
         "figures": figures,
     }
-    (out_dir / "fits.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
+    (out_dir / "fits.json").write_text(json.dumps(_json_safe(summary), indent=1, allow_nan=False) + "\n")
     (out_dir / "table.md").write_text(markdown_report(decision, metric, cells, comparison, figures))
     written = [out_dir / "fits.json", out_dir / "table.md", *[out_dir / f for f in figures]]
     return {"comparison": comparison, "written": [str(p) for p in written]}
+
+
+def _json_safe(value: Any) -> Any:
+    """JSON has no NaN or infinity: a non-finite number becomes null (its reason sits beside it)."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
 
 
 @reports_errors("analysis.ladder")
