@@ -253,20 +253,26 @@ def _projected_gradient(theta, grad, bounds) -> float:
     return float(np.max(np.abs(g)))
 
 
+PARAMETER_NAMES = {
+    "single": ("log E", "log A", "alpha"),
+    "shared": ("log E", "log A", "alpha", "log k"),
+    "free": ("log E", "log A of the baseline", "alpha of the baseline", "log A of the variant", "alpha of the variant"),
+}
+BOUND_HINTS = {
+    ("log E", "lower"): " (no saturation: the points fit a pure power law)",
+    ("log E", "upper"): " (E reaches the largest loss)",
+    ("log A", "lower"): " (no reducible loss: the loss does not fall with compute)",
+}
+
+
 def _at_bound(model: str, theta, bounds) -> Optional[str]:
-    names = ["e (log E)", "a (log A)", "alpha", "log k"] if model != "free" else None
-    if model == "free":
-        names = ["e (log E)", "a (log A) of the baseline", "alpha of the baseline", "a (log A) of the variant"]
-        names.append("alpha of the variant")
-    for j, (lo, hi) in enumerate(bounds):
+    """Which parameter ended at its bound (the first), or None."""
+    for name, value, (lo, hi) in zip(PARAMETER_NAMES[model], theta, bounds):
         tol = 1e-6 * (hi - lo)
-        if theta[j] - lo <= tol or hi - theta[j] <= tol:
-            side = "lower" if theta[j] - lo <= tol else "upper"
-            what = {
-                ("e (log E)", "lower"): " (no saturation: the points fit a pure power law)",
-                ("e (log E)", "upper"): " (E reaches the largest loss)",
-            }.get((names[j], side), "")
-            return f"{names[j]} at its {side} bound {lo if side == 'lower' else hi:.4g}{what}"
+        if value - lo <= tol or hi - value <= tol:
+            side = "lower" if value - lo <= tol else "upper"
+            hint = BOUND_HINTS.get((name.split(" of ")[0], side), "")
+            return f"{name} at its {side} bound {lo if side == 'lower' else hi:.4g}{hint}"
     return None
 
 
@@ -490,11 +496,14 @@ class Resampler:
         self.index = {k: i for i, k in enumerate(self.keys)}
         self.means = np.array([ladder.cells[k].mean for k in self.keys])
         self.df = 0  # degrees of freedom of the seed spread the replicates draw from
+        self.rung_df: dict[str, int] = {}  # the same, rung by rung (seed resampling only)
         if ladder.min_seeds() >= 2:
             self.method = "seeds"
             for rung in ladder.rungs:
                 cells = [ladder.cells[(a, rung)] for a in ARMS if (a, rung) in self.index]
-                self.df += len(cells[0].losses) - 1 if ladder.paired(rung) else sum(len(c.losses) - 1 for c in cells)
+                paired = ladder.paired(rung)
+                self.rung_df[rung] = len(cells[0].losses) - 1 if paired else sum(len(c.losses) - 1 for c in cells)
+            self.df = sum(self.rung_df.values())
         elif shared_fit is not None and shared_fit.ok:
             self.method = "residuals"
             pts = ladder.points()
@@ -650,17 +659,23 @@ def interpolated_multiplier(
     in log compute against log loss), divided by ``compute``; ``(nan, why)`` outside its range:
     ``BEYOND`` (lower than the baseline's loss at its largest rung: +inf in a bootstrap), ``BELOW``
     (above the loss at its smallest rung: 0) or ``NOT_MONOTONE`` (its loss does not fall with compute)."""
+    value, why, _ = _interpolate(base_compute, base_loss, loss, compute)
+    return value, why
+
+
+def _interpolate(base_compute, base_loss, loss: float, compute: float) -> tuple[float, str, tuple[int, ...]]:
+    """``interpolated_multiplier`` and the baseline points it rests on (their indices)."""
     lc, ll, target = np.log(base_compute), np.log(base_loss), math.log(loss)
     if np.any(np.diff(ll) >= 0):
-        return float("nan"), NOT_MONOTONE
+        return float("nan"), NOT_MONOTONE, tuple(range(len(ll)))
     if target < ll[-1]:
-        return float("nan"), BEYOND
+        return float("nan"), BEYOND, (len(ll) - 1,)
     if target > ll[0]:
-        return float("nan"), BELOW
+        return float("nan"), BELOW, (0,)
     j = int(np.searchsorted(-ll, -target, side="right")) - 1
     j = min(max(j, 0), len(ll) - 2)
     frac = (ll[j] - target) / (ll[j] - ll[j + 1])
-    return math.exp(lc[j] + frac * (lc[j + 1] - lc[j])) / compute, ""
+    return math.exp(lc[j] + frac * (lc[j + 1] - lc[j])) / compute, "", (j, j + 1)
 
 
 def _as_replicate(value: float, why: str, bound: float) -> float:
@@ -674,8 +689,9 @@ def _as_replicate(value: float, why: str, bound: float) -> float:
     return math.log(value)
 
 
-def _rung_multipliers(ladder: Ladder, means: np.ndarray) -> tuple[list[float], list[str]]:
-    """The fit-free multiplier at each rung, and why where there is none."""
+def _rung_multipliers(ladder: Ladder, means: np.ndarray, involved: Optional[list] = None) -> tuple[list, list]:
+    """The fit-free multiplier at each rung, and why where there is none; ``involved`` collects, per rung,
+    the rungs whose cells it rests on (its own and the baseline's it interpolates between)."""
     keys = ladder.keys()
     index = {k: i for i, k in enumerate(keys)}
     base = [r for r in ladder.rungs if ("baseline", r) in index]
@@ -686,12 +702,14 @@ def _rung_multipliers(ladder: Ladder, means: np.ndarray) -> tuple[list[float], l
         if ("variant", rung) not in index or len(base) < 2:
             values.append(float("nan"))
             whys.append("no variant at this rung" if len(base) >= 2 else "fewer than two baseline rungs")
+            if involved is not None:
+                involved.append({rung})
             continue
-        v, why = interpolated_multiplier(
-            bc, bl, means[index[("variant", rung)]], ladder.cells[("variant", rung)].compute
-        )
+        v, why, used = _interpolate(bc, bl, means[index[("variant", rung)]], ladder.cells[("variant", rung)].compute)
         values.append(v)
         whys.append(why)
+        if involved is not None:
+            involved.append({rung, *(base[i] for i in used)})
     return values, whys
 
 
@@ -865,7 +883,8 @@ def compare(
 
     sampler = Resampler(ladder, shared, rng)
     widen = t_widening(sampler.df, confidence) if calibrate and sampler.method != "none" else 1.0
-    rung_values, rung_whys = _rung_multipliers(ladder, points.loss)
+    involved: list[set] = []
+    rung_values, rung_whys = _rung_multipliers(ladder, points.loss, involved)
     bounds = _range_bounds(ladder)
     T = len(target_list)
     rep = {
@@ -933,12 +952,16 @@ def compare(
         if b is not None and v is not None:
             row["gap"] = b.mean - v.mean
         point = rung_values[j]
+        # a rung's multiplier rests on two or three cells' seeds, not on the whole ladder's
+        rung_widen = widen
+        if calibrate and sampler.method == "seeds":
+            rung_widen = t_widening(sum(sampler.rung_df[r] for r in involved[j]), confidence)
         if math.isnan(point):
             e = Estimate("multiplier", None, status="failed", reason=_WHY.get(rung_whys[j], rung_whys[j]))
             values = rep["rung"][:, j]
             undetermined = int(np.sum(np.isnan(values)))
             if rung_whys[j] in (BEYOND, BELOW) and sampler.method != "none" and undetermined <= 0.1 * n_boot:
-                lo, hi = interval(values, confidence, widen)
+                lo, hi = interval(values, confidence, rung_widen)
                 e.lower, e.upper = _exp(lo), _exp(hi)
                 e.verdict = _verdict(e.lower, e.upper, 1.0, VARIANT_BETTER, BASELINE_BETTER)
                 e.replicates, e.failed_replicates = n_boot - undetermined, undetermined
@@ -957,9 +980,10 @@ def compare(
                 null=1.0,
                 transform=_exp,
                 failed_what="multipliers",
-                widen=widen,
+                widen=rung_widen,
             )
             e.extra["replicates_outside_range"] = int(np.sum(np.isinf(rep["rung"][:, j])))
+        e.extra["t_widening"] = rung_widen
         row.update(e.summary())
         if v is not None:
             row["variant_compute"] = v.compute

@@ -74,6 +74,9 @@ def test_recovered_inside_the_reported_intervals_at_sandbox_noise():
     assert c.k.verdict == sf.VARIANT_BETTER
     d = c.exponent_difference
     assert d.status == "ok" and d.lower <= 0.0 <= d.upper and d.verdict == sf.NO_DIFFERENCE
+    # the whole ladder's 5 seed degrees of freedom widen k; a rung's multiplier rests on two rungs' seeds
+    assert c.degrees_of_freedom == 5 and c.t_widening == pytest.approx(sf.t_widening(5, 0.9))
+    assert c.rung_multipliers[1]["t_widening"] == pytest.approx(sf.t_widening(2, 0.9))
     for x in c.extrapolations:
         true_gap = float(law(x["compute"]) - law(x["compute"], TRUE_K))
         lo, hi = x["gap_shared"]["interval"]
