@@ -96,7 +96,7 @@ def _coverage(draws: int, n_boot: int, k: float = TRUE_K) -> float:
 
 def test_interval_coverage_is_near_nominal_on_a_few_draws():
     """A cheap version of the coverage study below: 12 draws, 90% intervals; 8 or more must cover (at
-    a true coverage of 0.9, fewer than 8 of 12 happens 2.6% of the time)."""
+    a true coverage of 0.9, fewer than 8 of 12 happens 0.4% of the time). Measured: 10 of 12."""
     assert _coverage(12, 100) >= 8 / 12
 
 
@@ -104,7 +104,7 @@ def test_interval_coverage_is_near_nominal_on_a_few_draws():
 def test_interval_coverage_is_near_nominal():
     """200 draws of the sandbox-scale ladder, 90% intervals from 200 replicates each. The binomial
     standard error of a coverage near 0.9 over 200 draws is 0.021; the tolerance is three of them
-    (0.84 to 0.96). Measured: see docs/ladder.md."""
+    (0.84 to 0.96). Measured: 181 of 200, 0.905 (docs/ladder.md has the other ladders)."""
     coverage = _coverage(200, 200)
     assert 0.84 <= coverage <= 0.96, coverage
 
