@@ -250,7 +250,10 @@ def cell_stats(rows: list[dict[str, Any]], ladder: Ladder, metric: str) -> list[
     out = []
     for rung in ladder.rungs:
         for arm in ARMS:
-            runs = sorted((r for r in rows if r["arm"] == arm and r["rung"] == rung), key=lambda r: r["seed"])
+            runs = sorted(
+                (r for r in rows if r["arm"] == arm and r["rung"] == rung),
+                key=lambda r: scaling_fit.seed_order(r["seed"]),
+            )
             if not runs:
                 continue
             entry: dict[str, Any] = {"rung": rung, "arm": arm, "seeds": [r["seed"] for r in runs]}

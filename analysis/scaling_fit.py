@@ -385,7 +385,8 @@ class Run:
     loss: float
 
 
-def _seed_key(seed: Any) -> tuple:
+def seed_order(seed: Any) -> tuple:
+    """Seeds in numeric order where they are numbers, then by name."""
     text = str(seed)
     try:
         return (0, int(text), text)
@@ -420,7 +421,7 @@ class Ladder:
             groups.setdefault((run.arm, run.rung), []).append(run)
         self.cells: dict[tuple[str, str], Cell] = {}
         for key, group in groups.items():
-            group = sorted(group, key=lambda r: _seed_key(r.seed))
+            group = sorted(group, key=lambda r: seed_order(r.seed))
             seeds = tuple(r.seed for r in group)
             if len(set(map(str, seeds))) != len(seeds):
                 raise ValueError(f"{key[0]} rung {key[1]}: a seed appears twice")
