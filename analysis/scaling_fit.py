@@ -1,0 +1,1041 @@
+"""Loss against compute for the two arms of a decision: saturating power-law fits, the compute multiplier
+with bootstrap intervals, fit-free multipliers, the rollout check, the A/A null and extrapolations.
+
+The law, in compute ``C`` (training FLOPs), is ``L(C) = E + A * C^(-alpha)``, fitted as in Chinchilla's
+Approach 3 refitted by Besiroglu et al. (2024): the Huber loss (``delta = 1e-3``) of the residuals of
+``log L``, with ``log L = LSE(e, a - alpha * log C)`` (``E = exp(e)``, ``A = exp(a)``), minimised by L-BFGS
+(``scipy.optimize.minimize``, bounded) from a grid of starts, the best kept. Compute enters relative to
+the geometric mean of the fitted points (``c_ref``), so ``A`` is the reducible loss there.
+
+Three models (``MODELS``):
+
+* ``single``: one arm, ``(E, A, alpha)``;
+* ``shared``: both arms with one exponent and one ``E``, ``L_a(C) = E + A * (k_a * C)^(-alpha)`` with
+  ``k_baseline = 1``: ``k`` is the compute multiplier, the variant at ``C`` matching the baseline at
+  ``k * C`` (``k > 1``: the variant needs less compute);
+* ``free``: both arms with one ``E`` and their own ``(A, alpha)``: the exponent difference, and a
+  multiplier that may change with compute. ``E`` is shared because the arms train on the same data
+  (the irreducible loss is the data's), and because a 3-parameter fit per arm on 4 or 5 points
+  trades ``E`` against ``alpha`` so freely that its exponent says little.
+
+Each arm-and-rung cell enters as the mean of its seeds, weighted by their number: with Huber's
+near-absolute regime (seed noise of ~0.005 bpb is several ``delta`` in ``log L``) two seeds at the same
+compute would leave the fitted value anywhere between them. A fit that does not converge (the optimizer
+fails, a parameter ends at its bound, too few points for its parameters, degenerate data) comes back
+with ``status="failed"`` and a ``reason``, never a number. Fits are deterministic and do not depend on
+the order of the rows.
+
+Intervals come from a bootstrap that resamples the seeds within each cell, paired across arms (at a
+rung where both arms ran the same seeds, one draw of seed indices serves both, since batches are a
+function of the seed), and refits. Seed deviations from their cell mean are scaled by
+``sqrt(n / (n - 1))`` before resampling, so a resampled mean has the unbiased variance ``s^2 / n``
+(without it two seeds give half of it). Where a cell has a single seed the bootstrap resamples the
+pooled residuals of the shared fit instead (scaled by ``sqrt(N / (N - p))``).
+
+Intervals are percentile intervals at ``confidence`` whose half-widths about the replicates' median are
+widened by ``t_df / z`` (``t_widening``): the bootstrap treats the seed spread as known, but two seeds
+per cell estimate it from few degrees of freedom (``df``: one per paired rung and extra seed, or
+``N - p`` for resampled residuals), and at 5 rungs x 2 seeds the bare percentile interval covers the
+true ``k`` about 85% of the time at a nominal 90% (docs/ladder.md has the measurements). A ``verdict``
+names a sign only where the interval excludes the null (``k = 1``, a zero gap or exponent difference).
+Bootstrap refits start from the full data's optimum (then its next-best optima) and keep the first that
+converges; an interval whose refits fail more than 10% of the time is itself reported as failed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.special import ndtri, stdtrit
+from threadpoolctl import threadpool_limits
+
+HUBER_DELTA = 1e-3
+ARMS = ("baseline", "variant")
+MODELS = {
+    "single": ("E", "A", "alpha"),
+    "shared": ("E", "A", "alpha", "k"),
+    "free": ("E", "A_baseline", "alpha_baseline", "A_variant", "alpha_variant"),
+}
+VARIANT_BETTER, BASELINE_BETTER, NO_DIFFERENCE = "variant better", "baseline better", "no detectable difference"
+# the grid of starts: exponents x irreducible loss as a fraction of the smallest loss; the amplitudes
+# (and log k) of each start solve the remaining linear problem
+ALPHA_STARTS = (0.15, 0.4, 1.0)
+E_FRACTION_STARTS = (0.05, 0.5, 0.9)
+ALPHA_BOUNDS = (0.005, 3.0)
+LOG_K_BOUND = math.log(1e4)
+MAX_FAILED_REPLICATES = 0.1  # an interval needs at least 90% of its bootstrap refits to converge
+
+
+# -- the fits ------------------------------------------------------------------------------------------
+_SERIAL = {"depth": 0}
+
+
+def single_threaded(function):
+    """Run ``function`` with BLAS on one thread: L-BFGS-B makes thousands of tiny LAPACK calls, and a
+    threaded BLAS spends most of each waking its threads (far worse on a loaded machine)."""
+
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        if _SERIAL["depth"]:
+            return function(*args, **kwargs)
+        _SERIAL["depth"] += 1
+        try:
+            with threadpool_limits(limits=1, user_api="blas"):
+                return function(*args, **kwargs)
+        finally:
+            _SERIAL["depth"] -= 1
+
+    return run
+
+
+@dataclass(frozen=True)
+class Points:
+    """What a fit sees: one point per cell (compute, mean loss, weight = its number of seeds, arm index
+    0 for the baseline and 1 for the variant)."""
+
+    compute: np.ndarray
+    loss: np.ndarray
+    weight: np.ndarray
+    arm: np.ndarray
+
+    @staticmethod
+    def of(compute: Sequence[float], loss: Sequence[float], weight=None, arm=None) -> "Points":
+        n = len(compute)
+        return Points(
+            np.asarray(compute, float),
+            np.asarray(loss, float),
+            np.ones(n) if weight is None else np.asarray(weight, float),
+            np.zeros(n, int) if arm is None else np.asarray(arm, int),
+        )
+
+    def sorted(self) -> "Points":
+        """The same points in a canonical order (arm, compute, loss), so the fit ignores row order."""
+        order = np.lexsort((self.loss, self.compute, self.arm))
+        return Points(self.compute[order], self.loss[order], self.weight[order], self.arm[order])
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fitted law, or why there is none (``status`` "failed", ``reason``, ``theta`` None)."""
+
+    model: str
+    status: str
+    reason: str = ""
+    theta: Optional[np.ndarray] = None  # (e, a..., alpha..., log k) as optimised
+    c_ref: float = float("nan")
+    objective: float = float("nan")
+    n_points: int = 0
+    alternatives: tuple = ()  # the next-best distinct optima: warm starts for bootstrap refits
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def params(self) -> dict[str, float]:
+        """The named parameters (``A`` at ``c_ref``); empty when the fit failed."""
+        if not self.ok:
+            return {}
+        t = self.theta
+        values = [math.exp(t[0]), math.exp(t[1]), t[2]]
+        if self.model == "shared":
+            values.append(math.exp(t[3]))
+        elif self.model == "free":
+            values += [math.exp(t[3]), t[4]]
+        return dict(zip(MODELS[self.model], (float(v) for v in values)))
+
+    def predict(self, compute, arm: int = 0) -> np.ndarray:
+        """The fitted loss of arm ``arm`` (0 baseline, 1 variant) at ``compute``."""
+        if not self.ok:
+            raise ValueError(f"no prediction from a failed fit ({self.reason})")
+        x = np.log(np.asarray(compute, float) / self.c_ref)
+        s = np.full(x.shape, arm)
+        t, _ = _terms(self.model, self.theta, x, s)
+        return np.exp(np.logaddexp(self.theta[0], t))
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model, "status": self.status, "points": self.n_points}
+        if self.ok:
+            out.update(self.params(), c_ref=self.c_ref, huber_objective=self.objective)
+        else:
+            out["reason"] = self.reason
+        return out
+
+
+def _jacobian(model: str, x: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The derivatives of each point's power-law term by the parameters that do not depend on them
+    (the first column, ``e``'s, is zero); ``_terms`` fills the rest."""
+    J = np.zeros((len(x), len(MODELS[model])))
+    if model == "free":
+        v = s.astype(float)
+        J[:, 1], J[:, 2], J[:, 3], J[:, 4] = 1.0 - v, -(1.0 - v) * x, v, -v * x
+    else:
+        J[:, 1], J[:, 2] = 1.0, -x
+    return J
+
+
+def _terms(model: str, theta, x: np.ndarray, s: np.ndarray, J: Optional[np.ndarray] = None) -> tuple:
+    """The power-law term ``t = log(A (k C)^-alpha)`` of each point and its derivatives (``J`` from
+    ``_jacobian``, completed in place)."""
+    if J is None:
+        J = _jacobian(model, x, s)
+    if model == "single":
+        t = theta[1] - theta[2] * x
+    elif model == "shared":
+        shifted = x + s * theta[3]
+        t = theta[1] - theta[2] * shifted
+        J[:, 2], J[:, 3] = -shifted, -theta[2] * s
+    else:
+        t = np.where(s == 1, theta[3] - theta[4] * x, theta[1] - theta[2] * x)
+    return t, J
+
+
+def _objective(theta, model, x, s, y, w, delta, J):
+    """Huber loss of the log residuals, divided by ``delta`` (``w`` sums to 1), and its gradient."""
+    t, J = _terms(model, theta, x, s, J)
+    pred = np.logaddexp(theta[0], t)
+    share_e = np.exp(theta[0] - pred)
+    r = pred - y
+    a = np.abs(r)
+    h = np.where(a <= delta, (0.5 / delta) * r * r, a - 0.5 * delta)
+    g = w * np.clip(r * (1.0 / delta), -1.0, 1.0)
+    grad = (g * (1.0 - share_e)) @ J
+    grad[0] += g @ share_e
+    return float(w @ h), grad
+
+
+def _bounds(model: str, y: np.ndarray) -> list[tuple[float, float]]:
+    lo, hi = float(y.min()), float(y.max())
+    e = (lo - 10.0, hi)
+    a = (lo - 15.0, hi + 5.0)
+    if model == "single":
+        return [e, a, ALPHA_BOUNDS]
+    if model == "shared":
+        return [e, a, ALPHA_BOUNDS, (-LOG_K_BOUND, LOG_K_BOUND)]
+    return [e, a, ALPHA_BOUNDS, a, ALPHA_BOUNDS]
+
+
+def _grid(model: str, x, s, y, w, bounds) -> list[np.ndarray]:
+    """Starts: each (alpha, E) of the grid, with the amplitudes (and log k) that fit the points' mean."""
+    loss = np.exp(y)
+    starts = []
+    for alpha in ALPHA_STARTS:
+        for fraction in E_FRACTION_STARTS:
+            e = math.log(fraction * loss.min())
+            logr = np.log(loss - math.exp(e))
+
+            def level(mask, shift=0.0):
+                return float(np.average(logr[mask] + alpha * (x[mask] + shift), weights=w[mask]))
+
+            base = s == 0
+            if model == "single":
+                theta = [e, level(np.ones_like(base)), alpha]
+            elif model == "shared":
+                a = level(base)
+                logk = float(np.average((a - logr[~base]) / alpha - x[~base], weights=w[~base]))
+                theta = [e, a, alpha, logk]
+            else:
+                theta = [e, level(base), alpha, level(~base), alpha]
+            starts.append(np.clip(theta, [b[0] for b in bounds], [b[1] for b in bounds]))
+    return starts
+
+
+def _projected_gradient(theta, grad, bounds) -> float:
+    g = np.array(grad, float)
+    for j, (lo, hi) in enumerate(bounds):
+        if (theta[j] <= lo and g[j] > 0) or (theta[j] >= hi and g[j] < 0):
+            g[j] = 0.0
+    return float(np.max(np.abs(g)))
+
+
+PARAMETER_NAMES = {
+    "single": ("log E", "log A", "alpha"),
+    "shared": ("log E", "log A", "alpha", "log k"),
+    "free": ("log E", "log A of the baseline", "alpha of the baseline", "log A of the variant", "alpha of the variant"),
+}
+BOUND_HINTS = {
+    ("log E", "lower"): " (no saturation: the points fit a pure power law)",
+    ("log E", "upper"): " (E reaches the largest loss)",
+    ("log A", "lower"): " (no reducible loss: the loss does not fall with compute)",
+}
+
+
+def _at_bound(model: str, theta, bounds) -> Optional[str]:
+    """Which parameter ended at its bound (the first), or None."""
+    for name, value, (lo, hi) in zip(PARAMETER_NAMES[model], theta, bounds):
+        tol = 1e-6 * (hi - lo)
+        if value - lo <= tol or hi - value <= tol:
+            side = "lower" if value - lo <= tol else "upper"
+            hint = BOUND_HINTS.get((name.split(" of ")[0], side), "")
+            return f"{name} at its {side} bound {lo if side == 'lower' else hi:.4g}{hint}"
+    return None
+
+
+def _check(model: str, points: Points) -> Optional[str]:
+    """Why these points cannot determine the model, or None."""
+    p = len(MODELS[model])
+    c, L = points.compute, points.loss
+    if not (np.all(np.isfinite(c)) and np.all(c > 0) and np.all(np.isfinite(L)) and np.all(L > 0)):
+        return "degenerate data: compute and loss must be finite and positive"
+    if not np.all(points.weight > 0):
+        return "degenerate data: weights must be positive"
+    if len(c) < p + 1:
+        return f"too few points: {len(c)} for {p} parameters (need at least {p + 1})"
+    arms = [0] if model == "single" else [0, 1]
+    for arm in arms:
+        mask = points.arm == arm if model != "single" else np.ones(len(c), bool)
+        distinct = len(np.unique(c[mask]))
+        need = 1 if (model == "shared" and arm == 1) else 2
+        if distinct < need:
+            who = ARMS[arm] if model != "single" else "the arm"
+            return f"degenerate data: {who} has {distinct} distinct compute value(s), the model needs {need}"
+    if np.ptp(np.log(L)) < 1e-12:
+        return "degenerate data: the loss is the same at every point"
+    return None
+
+
+@single_threaded
+def fit(
+    points: Points,
+    model: str = "shared",
+    delta: float = HUBER_DELTA,
+    starts: Optional[Iterable[np.ndarray]] = None,
+    greedy: bool = False,
+) -> Fit:
+    """Fit ``model`` to ``points``: L-BFGS from every start (the grid, or ``starts``), the best kept; with
+    ``greedy``, the first start that converges inside the bounds is kept (for bootstrap refits started
+    at the full data's optimum, which moves little between replicates)."""
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; one of {', '.join(MODELS)}")
+    points = points.sorted()
+    problem = _check(model, points)
+    if problem is not None:
+        return Fit(model, "failed", problem, n_points=len(points.compute))
+    c_ref = float(np.exp(np.mean(np.log(points.compute))))
+    x, y, w, s = np.log(points.compute / c_ref), np.log(points.loss), points.weight, points.arm
+    bounds = _bounds(model, y)
+    lower, upper = [b[0] for b in bounds], [b[1] for b in bounds]
+    if starts is None:
+        starts = _grid(model, x, s, y, w, bounds)
+    results = []
+    for start in starts:
+        res = minimize(
+            _objective,
+            np.clip(np.asarray(start, float), lower, upper),
+            args=(model, x, s, y, w / w.sum(), delta, _jacobian(model, x, s)),
+            jac=True,
+            method="L-BFGS-B",
+            bounds=bounds,
+            options={"maxiter": 1000, "ftol": 1e-13, "gtol": 1e-9},
+        )
+        res.problem = _failure(model, res, bounds)
+        results.append(res)
+        if greedy and res.problem is None:
+            break
+    order = sorted(range(len(results)), key=lambda i: (results[i].fun, i))
+    best = results[order[0]]
+    alternatives = []
+    for i in order[1:]:
+        if len(alternatives) == 2:
+            break
+        if all(np.max(np.abs(results[i].x - t)) > 1e-3 for t in [best.x, *alternatives]):
+            alternatives.append(results[i].x)
+    common = dict(c_ref=c_ref, n_points=len(x))
+    if best.problem is not None:
+        return Fit(model, "failed", best.problem, **common)
+    return Fit(model, "ok", "", best.x, objective=float(best.fun), alternatives=tuple(alternatives), **common)
+
+
+def _failure(model: str, res, bounds) -> Optional[str]:
+    """Why an optimizer result is no fit (it stopped short, or a parameter sits at its bound), or None."""
+    pg = _projected_gradient(res.x, res.jac, bounds)
+    if not res.success and pg > 1e-6:
+        return f"optimizer did not converge: {res.message} (projected gradient {pg:.2g})"
+    return _at_bound(model, res.x, bounds)
+
+
+def warm_starts(fitted: Fit) -> Optional[list[np.ndarray]]:
+    """Starts for refitting resampled data: the fit's optimum and its next-best distinct optima."""
+    return [fitted.theta, *fitted.alternatives] if fitted.ok else None
+
+
+def free_multiplier(fitted: Fit, compute) -> np.ndarray:
+    """From a ``free`` fit: how many times ``compute`` the baseline needs to reach the variant's loss at
+    ``compute`` (the two arms share ``E``, so the baseline always gets there)."""
+    e, a_b, al_b, a_v, al_v = fitted.theta
+    x = np.log(np.asarray(compute, float) / fitted.c_ref)
+    return np.exp((a_b - a_v + al_v * x) / al_b - x)
+
+
+# -- the ladder --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """One training run of a ladder: its arm ("baseline" or "variant"), rung name, seed, training
+    compute (FLOPs) and final validation loss (the metric fitted, e.g. bits per byte)."""
+
+    arm: str
+    rung: str
+    seed: Any
+    compute: float
+    loss: float
+
+
+def seed_order(seed: Any) -> tuple:
+    """Seeds in numeric order where they are numbers, then by name."""
+    text = str(seed)
+    try:
+        return (0, int(text), text)
+    except ValueError:
+        return (1, 0, text)
+
+
+@dataclass(frozen=True)
+class Cell:
+    seeds: tuple
+    losses: np.ndarray  # per seed, in seed order
+    compute: float  # geometric mean of its runs' compute (the same for every seed of a well-formed ladder)
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.losses))
+
+    @property
+    def spread(self) -> float:
+        """Standard deviation over seeds (NaN with one seed)."""
+        return float(np.std(self.losses, ddof=1)) if len(self.losses) > 1 else float("nan")
+
+
+class Ladder:
+    """Runs grouped into cells (arm x rung); rungs ordered by the baseline's compute."""
+
+    def __init__(self, runs: Iterable[Run]):
+        groups: dict[tuple[str, str], list[Run]] = {}
+        for run in runs:
+            if run.arm not in ARMS:
+                raise ValueError(f"arm {run.arm!r} is neither baseline nor variant")
+            groups.setdefault((run.arm, run.rung), []).append(run)
+        self.cells: dict[tuple[str, str], Cell] = {}
+        for key, group in groups.items():
+            group = sorted(group, key=lambda r: seed_order(r.seed))
+            seeds = tuple(r.seed for r in group)
+            if len(set(map(str, seeds))) != len(seeds):
+                raise ValueError(f"{key[0]} rung {key[1]}: a seed appears twice")
+            compute = float(np.exp(np.mean(np.log([r.compute for r in group]))))
+            self.cells[key] = Cell(seeds, np.array([r.loss for r in group], float), compute)
+
+        def order(rung):
+            cell = self.cells.get(("baseline", rung)) or self.cells[("variant", rung)]
+            return (cell.compute, rung)
+
+        self.rungs: tuple[str, ...] = tuple(sorted({rung for _, rung in self.cells}, key=order))
+
+    def cell(self, arm: str, rung: str) -> Optional[Cell]:
+        return self.cells.get((arm, rung))
+
+    def keys(self) -> list[tuple[str, str]]:
+        """The cells in canonical order: baseline rungs by compute, then the variant's."""
+        return [(arm, rung) for arm in ARMS for rung in self.rungs if (arm, rung) in self.cells]
+
+    def points(self, means: Optional[np.ndarray] = None) -> Points:
+        """The cells as fit points (``means`` replaces the cell means, in ``keys()`` order)."""
+        keys = self.keys()
+        cells = [self.cells[k] for k in keys]
+        loss = np.array([c.mean for c in cells]) if means is None else np.asarray(means, float)
+        return Points(
+            np.array([c.compute for c in cells]),
+            loss,
+            np.array([len(c.losses) for c in cells], float),
+            np.array([ARMS.index(arm) for arm, _ in keys]),
+        )
+
+    def min_seeds(self) -> int:
+        return min(len(c.losses) for c in self.cells.values())
+
+    def paired(self, rung: str) -> bool:
+        """Whether both arms ran the same seeds at ``rung`` (one seed draw then serves both)."""
+        b, v = self.cell("baseline", rung), self.cell("variant", rung)
+        return b is not None and v is not None and tuple(map(str, b.seeds)) == tuple(map(str, v.seeds))
+
+    def runs(self) -> list[Run]:
+        return [
+            Run(arm, rung, seed, cell.compute, float(loss))
+            for (arm, rung), cell in self.cells.items()
+            for seed, loss in zip(cell.seeds, cell.losses)
+        ]
+
+    def without(self, rung: str) -> "Ladder":
+        return Ladder(r for r in self.runs() if r.rung != rung)
+
+    def aa(self) -> Optional["Ladder"]:
+        """The A/A ladder: the baseline's seeds split in two halves (seed order) posing as two arms, or
+        None where a baseline cell has fewer than two seeds."""
+        runs = []
+        for rung in self.rungs:
+            cell = self.cell("baseline", rung)
+            if cell is None:
+                continue
+            if len(cell.seeds) < 2:
+                return None
+            half = len(cell.seeds) // 2
+            for i, (seed, loss) in enumerate(zip(cell.seeds, cell.losses)):
+                runs.append(Run(ARMS[i >= half], rung, seed, cell.compute, float(loss)))
+        return Ladder(runs)
+
+
+class Resampler:
+    """Bootstrap replicates of the cell means (``keys()`` order)."""
+
+    def __init__(self, ladder: Ladder, shared_fit: Optional[Fit] = None, rng: Optional[np.random.Generator] = None):
+        self.ladder = ladder
+        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.keys = ladder.keys()
+        self.index = {k: i for i, k in enumerate(self.keys)}
+        self.means = np.array([ladder.cells[k].mean for k in self.keys])
+        self.df = 0  # degrees of freedom of the seed spread the replicates draw from
+        self.rung_df: dict[str, int] = {}  # the same, rung by rung (seed resampling only)
+        if ladder.min_seeds() >= 2:
+            self.method = "seeds"
+            for rung in ladder.rungs:
+                cells = [ladder.cells[(a, rung)] for a in ARMS if (a, rung) in self.index]
+                paired = ladder.paired(rung)
+                self.rung_df[rung] = len(cells[0].losses) - 1 if paired else sum(len(c.losses) - 1 for c in cells)
+            self.df = sum(self.rung_df.values())
+        elif shared_fit is not None and shared_fit.ok:
+            self.method = "residuals"
+            pts = ladder.points()
+            fitted = np.array([shared_fit.predict([c], a)[0] for c, a in zip(pts.compute, pts.arm)])
+            self.log_fitted = np.log(fitted)
+            resid = np.log(pts.loss) - self.log_fitted
+            n, p = len(resid), len(MODELS["shared"])
+            self.residuals = resid * math.sqrt(n / (n - p))
+            self.df = n - p
+        else:
+            self.method = "none"
+
+    def draw(self) -> np.ndarray:
+        if self.method == "residuals":
+            picks = self.rng.integers(0, len(self.residuals), len(self.residuals))
+            return np.exp(self.log_fitted + self.residuals[picks])
+        if self.method == "none":
+            raise ValueError("no bootstrap: a cell has one seed and the shared fit failed")
+        means = self.means.copy()
+        for rung in self.ladder.rungs:
+            arms = [a for a in ARMS if (a, rung) in self.index]
+            shared_draw = None
+            for arm in arms:
+                cell = self.ladder.cells[(arm, rung)]
+                n = len(cell.losses)
+                if shared_draw is None or not self.ladder.paired(rung):
+                    draw = self.rng.integers(0, n, n)
+                    shared_draw = draw
+                deviation = cell.losses[shared_draw] - cell.mean
+                means[self.index[(arm, rung)]] = cell.mean + math.sqrt(n / (n - 1)) * deviation.mean()
+        return means
+
+
+# -- estimates with intervals ------------------------------------------------------------------------------
+@dataclass
+class Estimate:
+    """A point estimate, its percentile interval and verdict (or why there is none)."""
+
+    name: str
+    estimate: Optional[float]
+    lower: Optional[float] = None
+    upper: Optional[float] = None
+    status: str = "ok"
+    reason: str = ""
+    verdict: Optional[str] = None
+    replicates: int = 0
+    failed_replicates: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        out = {
+            "estimate": _finite(self.estimate),
+            "interval": [_finite(self.lower), _finite(self.upper)],
+            "status": self.status,
+            "verdict": self.verdict,
+            "replicates": self.replicates,
+            "failed_replicates": self.failed_replicates,
+        }
+        if self.reason:
+            out["reason"] = self.reason
+        out.update(self.extra)
+        return out
+
+
+def _finite(v: Optional[float]) -> Optional[float]:
+    """JSON has no infinity: a non-finite number is written as null (an unbounded end, or undefined)."""
+    return float(v) if v is not None and math.isfinite(v) else None
+
+
+def _verdict(lower: float, upper: float, null: float, positive: str, negative: str) -> str:
+    if lower > null:
+        return positive
+    if upper < null:
+        return negative
+    return NO_DIFFERENCE
+
+
+def t_widening(df: int, confidence: float) -> float:
+    """How much wider a Student-t interval on ``df`` degrees of freedom is than a normal one: the
+    factor the percentile interval is widened by, since the bootstrap takes a seed spread estimated
+    from ``df`` degrees of freedom as known."""
+    q = 1.0 - (1.0 - confidence) / 2.0
+    return float(stdtrit(df, q) / ndtri(q)) if df >= 1 else float("nan")
+
+
+def interval(values: np.ndarray, confidence: float, widen: float = 1.0) -> tuple[float, float]:
+    """Percentile interval of the finite-or-infinite values (NaN dropped; each end rounds outwards),
+    its half-widths about the replicates' median multiplied by ``widen``."""
+    v = np.asarray(values, float)
+    v = v[~np.isnan(v)]
+    tail = (1.0 - confidence) / 2.0
+    lo, hi = float(np.quantile(v, tail, method="lower")), float(np.quantile(v, 1.0 - tail, method="higher"))
+    mid = float(np.median(v)) if np.all(np.isfinite(v)) else float(np.quantile(v, 0.5, method="nearest"))
+    if widen != 1.0 and math.isfinite(mid):
+        lo, hi = mid - widen * (mid - lo), mid + widen * (hi - mid)
+    return lo, hi
+
+
+def estimate(
+    name: str,
+    point: Optional[float],
+    replicates: np.ndarray,
+    confidence: float,
+    null: float = 0.0,
+    positive: str = VARIANT_BETTER,
+    negative: str = BASELINE_BETTER,
+    transform=None,
+    failure: str = "",
+    failures: Optional[Counter] = None,
+    failed_what: str = "refits",
+    widen: float = 1.0,
+) -> Estimate:
+    """An ``Estimate`` from a point value and its bootstrap replicates (NaN: a failed refit). ``transform``
+    maps the value and its interval (e.g. ``exp`` for a log multiplier); ``null`` is on the mapped scale."""
+    if point is None or (isinstance(point, float) and math.isnan(point)):
+        return Estimate(name, None, status="failed", reason=failure or "no point estimate")
+    f = transform or (lambda v: v)
+    replicates = np.asarray(replicates, float)
+    failed = int(np.sum(np.isnan(replicates)))
+    n = len(replicates)
+    result = Estimate(name, float(f(point)), replicates=n - failed, failed_replicates=failed)
+    if n == 0:
+        result.status, result.reason = "failed", "no bootstrap replicates"
+        return result
+    if failed > MAX_FAILED_REPLICATES * n:
+        why = ""
+        if failures:
+            why = f"; most often: {failures.most_common(1)[0][0]}"
+        result.status = "failed"
+        result.reason = f"{failed} of {n} bootstrap {failed_what} did not converge{why}"
+        if failed_what != "refits":
+            result.reason = f"{failed} of {n} bootstrap {failed_what} undetermined (outside the baseline's range)"
+        return result
+    lo, hi = interval(replicates, confidence, widen)
+    with np.errstate(over="ignore"):
+        result.lower, result.upper = float(f(lo)), float(f(hi))
+    result.verdict = _verdict(result.lower, result.upper, null, positive, negative)
+    return result
+
+
+def _exp(v: float) -> float:
+    return math.exp(v) if v < 700 else float("inf")
+
+
+# -- fit-free multipliers ---------------------------------------------------------------------------------
+BEYOND, BELOW, NOT_MONOTONE = "beyond", "below", "not monotone"
+
+
+def interpolated_multiplier(
+    base_compute: np.ndarray, base_loss: np.ndarray, loss: float, compute: float
+) -> tuple[float, str]:
+    """The compute the baseline needs to reach ``loss`` (its mean losses interpolated piecewise-linearly
+    in log compute against log loss), divided by ``compute``; ``(nan, why)`` outside its range:
+    ``BEYOND`` (lower than the baseline's loss at its largest rung: +inf in a bootstrap), ``BELOW``
+    (above the loss at its smallest rung: 0) or ``NOT_MONOTONE`` (its loss does not fall with compute)."""
+    value, why, _ = _interpolate(base_compute, base_loss, loss, compute)
+    return value, why
+
+
+def _interpolate(base_compute, base_loss, loss: float, compute: float) -> tuple[float, str, tuple[int, ...]]:
+    """``interpolated_multiplier`` and the baseline points it rests on (their indices)."""
+    lc, ll, target = np.log(base_compute), np.log(base_loss), math.log(loss)
+    if np.any(np.diff(ll) >= 0):
+        return float("nan"), NOT_MONOTONE, tuple(range(len(ll)))
+    if target < ll[-1]:
+        return float("nan"), BEYOND, (len(ll) - 1,)
+    if target > ll[0]:
+        return float("nan"), BELOW, (0,)
+    j = int(np.searchsorted(-ll, -target, side="right")) - 1
+    j = min(max(j, 0), len(ll) - 2)
+    frac = (ll[j] - target) / (ll[j] - ll[j + 1])
+    return math.exp(lc[j] + frac * (lc[j + 1] - lc[j])) / compute, "", (j, j + 1)
+
+
+def _as_replicate(value: float, why: str, bound: float) -> float:
+    """A replicate's log multiplier for the interval: outside the baseline's range it is only known to
+    be above (``BEYOND``) or below (``BELOW``) ``bound``, which settles its side of 1 (+inf or -inf)
+    only when the bound is on that side; otherwise it is undetermined (NaN)."""
+    if why == BEYOND:
+        return float("inf") if bound >= 1.0 else float("nan")
+    if why == BELOW:
+        return -float("inf") if bound <= 1.0 else float("nan")
+    return math.log(value)
+
+
+def _rung_multipliers(ladder: Ladder, means: np.ndarray, involved: Optional[list] = None) -> tuple[list, list]:
+    """The fit-free multiplier at each rung, and why where there is none; ``involved`` collects, per rung,
+    the rungs whose cells it rests on (its own and the baseline's it interpolates between)."""
+    keys = ladder.keys()
+    index = {k: i for i, k in enumerate(keys)}
+    base = [r for r in ladder.rungs if ("baseline", r) in index]
+    bc = np.array([ladder.cells[("baseline", r)].compute for r in base])
+    bl = np.array([means[index[("baseline", r)]] for r in base])
+    values, whys = [], []
+    for rung in ladder.rungs:
+        if ("variant", rung) not in index or len(base) < 2:
+            values.append(float("nan"))
+            whys.append("no variant at this rung" if len(base) >= 2 else "fewer than two baseline rungs")
+            if involved is not None:
+                involved.append({rung})
+            continue
+        v, why, used = _interpolate(bc, bl, means[index[("variant", rung)]], ladder.cells[("variant", rung)].compute)
+        values.append(v)
+        whys.append(why)
+        if involved is not None:
+            involved.append({rung, *(base[i] for i in used)})
+    return values, whys
+
+
+def _range_bounds(ladder: Ladder) -> list[float]:
+    """Per rung, what an out-of-range multiplier is known to exceed (``BEYOND``: the baseline's largest
+    compute over the variant's) or stay under (``BELOW``: its smallest compute over the variant's)."""
+    base = [ladder.cell("baseline", r).compute for r in ladder.rungs if ladder.cell("baseline", r) is not None]
+    out = []
+    for rung in ladder.rungs:
+        v = ladder.cell("variant", rung)
+        out.append((max(base) / v.compute, min(base) / v.compute) if v is not None and base else (math.nan, math.nan))
+    return out
+
+
+_WHY = {
+    BEYOND: "the variant's loss is below the baseline's at its largest rung: the baseline would need more "
+    "compute than measured",
+    BELOW: "the variant's loss is above the baseline's at its smallest rung: the baseline would need less "
+    "compute than measured",
+    NOT_MONOTONE: "the baseline's mean loss does not fall monotonically with compute",
+}
+
+
+# -- the whole comparison ---------------------------------------------------------------------------------
+@dataclass
+class Comparison:
+    """Everything ``compare`` measures; ``summary()`` is what ``fits.json`` holds."""
+
+    ladder: Ladder
+    confidence: float
+    bootstrap: int
+    method: str
+    shared: Fit
+    free: Fit
+    single: dict[str, Fit]
+    k: Estimate
+    exponent_difference: Estimate
+    rung_multipliers: list[dict]
+    rollout: dict
+    aa: dict
+    extrapolations: list[dict]
+    curves: dict  # compute grid and bootstrap bands, for the figures
+    degrees_of_freedom: int = 0
+    t_widening: float = 1.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "confidence": self.confidence,
+            "bootstrap": self.bootstrap,
+            "bootstrap_method": self.method,
+            "degrees_of_freedom": self.degrees_of_freedom,
+            "t_widening": self.t_widening,
+            "huber_delta": HUBER_DELTA,
+            "paired_rungs": [r for r in self.ladder.rungs if self.ladder.paired(r)],
+            "fits": {
+                "shared": self.shared.summary(),
+                "free": self.free.summary(),
+                **{f"single_{arm}": f.summary() for arm, f in self.single.items()},
+            },
+            "k": self.k.summary(),
+            "exponent_difference": self.exponent_difference.summary(),
+            "rung_multipliers": self.rung_multipliers,
+            "rollout": self.rollout,
+            "aa": self.aa,
+            "extrapolations": self.extrapolations,
+        }
+
+
+def _arm_points(ladder: Ladder, arm: str) -> Points:
+    pts = ladder.points()
+    mask = pts.arm == ARMS.index(arm)
+    return Points(pts.compute[mask], pts.loss[mask], pts.weight[mask], np.zeros(int(mask.sum()), int))
+
+
+def largest_compute(ladder: Ladder) -> float:
+    """The baseline's compute at the largest rung (the reference of the extrapolation factors)."""
+    cell = ladder.cell("baseline", ladder.rungs[-1]) or ladder.cell("variant", ladder.rungs[-1])
+    return cell.compute
+
+
+def _k_interval(
+    ladder: Ladder, shared: Fit, n_boot: int, confidence: float, rng, calibrate: bool = True
+) -> tuple[Estimate, Resampler]:
+    """k with its bootstrap interval (the shared fit refitted on each replicate), and the resampler."""
+    sampler = Resampler(ladder, shared, rng)
+    if not shared.ok:
+        return Estimate("k", None, status="failed", reason=f"shared fit: {shared.reason}"), sampler
+    widen = t_widening(sampler.df, confidence) if calibrate else 1.0
+    values, failures = np.full(n_boot, np.nan), Counter()
+    starts = warm_starts(shared)
+    for b in range(n_boot):
+        f = fit(ladder.points(sampler.draw()), "shared", starts=starts, greedy=True)
+        if f.ok:
+            values[b] = f.theta[3]
+        else:
+            failures[f.reason.split(" (")[0]] += 1
+    k = estimate("k", shared.theta[3], values, confidence, 1.0, transform=_exp, failures=failures, widen=widen)
+    k.extra = {"t_widening": widen}
+    return k, sampler
+
+
+@single_threaded
+def multiplier_interval(
+    ladder: Ladder, n_boot: int = 1000, confidence: float = 0.9, seed: int = 0, calibrate: bool = True
+) -> Estimate:
+    """Only ``k`` and its interval (what coverage studies draw many times)."""
+    rng = np.random.default_rng(seed)
+    return _k_interval(ladder, fit(ladder.points(), "shared"), n_boot, confidence, rng, calibrate)[0]
+
+
+def _band(values: np.ndarray, confidence: float, widen: float) -> np.ndarray:
+    """Pointwise ``interval`` of replicate curves (first axis: replicates): ``[lower, upper]``."""
+    tail = (1.0 - confidence) / 2.0
+    lo, mid, hi = np.nanquantile(values, [tail, 0.5, 1.0 - tail], axis=0)
+    return np.array([mid - widen * (mid - lo), mid + widen * (hi - mid)])
+
+
+def _rollout(ladder: Ladder) -> dict[str, Any]:
+    """Fit all but the largest rung, predict the largest rung's loss per arm, compare to its seeds."""
+    held = ladder.rungs[-1]
+    out: dict[str, Any] = {"held_out_rung": held}
+    rest = ladder.without(held)
+    for model in ("shared", "free"):
+        f = fit(rest.points(), model)
+        entry: dict[str, Any] = {"status": f.status}
+        if not f.ok:
+            entry["reason"] = f.reason
+        else:
+            for arm in ARMS:
+                cell = ladder.cell(arm, held)
+                if cell is None:
+                    continue
+                pred = float(f.predict([cell.compute], ARMS.index(arm))[0])
+                err = pred - cell.mean
+                entry[arm] = {
+                    "predicted": pred,
+                    "observed": cell.mean,
+                    "error": err,
+                    "seed_spread": _finite(cell.spread),
+                    "error_in_spreads": _finite(abs(err) / cell.spread) if cell.spread > 0 else None,
+                }
+        out[model] = entry
+    return out
+
+
+@single_threaded
+def compare(
+    ladder: Ladder,
+    confidence: float = 0.9,
+    n_boot: int = 1000,
+    targets: Sequence[float] = (),
+    seed: int = 0,
+    calibrate: bool = True,
+) -> Comparison:
+    """Fit both arms, bootstrap every statistic, run the rollout check and the A/A null, extrapolate to
+    10x and 100x the largest rung's compute and to each of ``targets`` (FLOPs). With ``calibrate``,
+    every percentile interval is widened by ``t_widening`` of the seed degrees of freedom."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n_boot < 1:
+        raise ValueError(f"the bootstrap needs at least one replicate, got {n_boot}")
+    rng = np.random.default_rng(seed)
+    points = ladder.points()
+    shared, free = fit(points, "shared"), fit(points, "free")
+    single = {arm: fit(_arm_points(ladder, arm), "single") for arm in ARMS}
+    c_max = largest_compute(ladder)
+    target_list = [(10.0 * c_max, "10x largest"), (100.0 * c_max, "100x largest")]
+    target_list += [(float(t), "target") for t in targets]
+    c_min = min(c.compute for c in ladder.cells.values())
+    grid = np.geomspace(c_min / 1.5, max(t for t, _ in target_list), 80)
+
+    sampler = Resampler(ladder, shared, rng)
+    widen = t_widening(sampler.df, confidence) if calibrate and sampler.method != "none" else 1.0
+    involved: list[set] = []
+    rung_values, rung_whys = _rung_multipliers(ladder, points.loss, involved)
+    bounds = _range_bounds(ladder)
+    T = len(target_list)
+    rep = {
+        "logk": np.full(n_boot, np.nan),
+        "dalpha": np.full(n_boot, np.nan),
+        "rung": np.full((n_boot, len(ladder.rungs)), np.nan),
+        "gap_shared": np.full((n_boot, T), np.nan),
+        "gap_free": np.full((n_boot, T), np.nan),
+        "mult_free": np.full((n_boot, T), np.nan),
+        "curve": np.full((n_boot, 2, len(grid)), np.nan),
+        "curve_mult": np.full((n_boot, len(grid)), np.nan),
+    }
+    fail_shared, fail_free = Counter(), Counter()
+    tc = np.array([t for t, _ in target_list])
+    if sampler.method != "none":
+        s_starts, f_starts = warm_starts(shared), warm_starts(free)
+        for b in range(n_boot):
+            means = sampler.draw()
+            pts = ladder.points(means)
+            fs = fit(pts, "shared", starts=s_starts, greedy=True)
+            if fs.ok:
+                rep["logk"][b] = fs.theta[3]
+                rep["gap_shared"][b] = fs.predict(tc, 0) - fs.predict(tc, 1)
+                rep["curve"][b] = [fs.predict(grid, 0), fs.predict(grid, 1)]
+            else:
+                fail_shared[fs.reason.split(" (")[0]] += 1
+            ff = fit(pts, "free", starts=f_starts, greedy=True)
+            if ff.ok:
+                rep["dalpha"][b] = ff.theta[4] - ff.theta[2]
+                rep["gap_free"][b] = ff.predict(tc, 0) - ff.predict(tc, 1)
+                rep["mult_free"][b] = np.log(free_multiplier(ff, tc))
+                rep["curve_mult"][b] = np.log(free_multiplier(ff, grid))
+            else:
+                fail_free[ff.reason.split(" (")[0]] += 1
+            values, whys = _rung_multipliers(ladder, means)
+            rep["rung"][b] = [
+                _as_replicate(v, w, bounds[j][0] if w == BEYOND else bounds[j][1])
+                for j, (v, w) in enumerate(zip(values, whys))
+            ]
+
+    def est(name, point, values, fitted: Fit, failures, **kw):
+        if not fitted.ok:
+            return Estimate(name, None, status="failed", reason=f"{fitted.model} fit: {fitted.reason}")
+        if sampler.method == "none":
+            return Estimate(name, point, status="failed", reason="no bootstrap: a cell has one seed")
+        return estimate(name, point, values, confidence, failures=failures, widen=widen, **kw)
+
+    k = est("k", shared.theta[3] if shared.ok else None, rep["logk"], shared, fail_shared, null=1.0, transform=_exp)
+    dalpha = est(
+        "exponent_difference",
+        float(free.theta[4] - free.theta[2]) if free.ok else None,
+        rep["dalpha"],
+        free,
+        fail_free,
+        positive="variant steeper",
+        negative="baseline steeper",
+    )
+    if free.ok:
+        dalpha.extra = {"alpha_baseline": float(free.theta[2]), "alpha_variant": float(free.theta[4])}
+
+    rung_rows = []
+    for j, rung in enumerate(ladder.rungs):
+        b, v = ladder.cell("baseline", rung), ladder.cell("variant", rung)
+        row: dict[str, Any] = {"rung": rung}
+        if b is not None and v is not None:
+            row["gap"] = b.mean - v.mean
+        point = rung_values[j]
+        # a rung's multiplier rests on two or three cells' seeds, not on the whole ladder's
+        rung_widen = widen
+        if calibrate and sampler.method == "seeds":
+            rung_widen = t_widening(sum(sampler.rung_df[r] for r in involved[j]), confidence)
+        if math.isnan(point):
+            e = Estimate("multiplier", None, status="failed", reason=_WHY.get(rung_whys[j], rung_whys[j]))
+            values = rep["rung"][:, j]
+            undetermined = int(np.sum(np.isnan(values)))
+            if rung_whys[j] in (BEYOND, BELOW) and sampler.method != "none" and undetermined <= 0.1 * n_boot:
+                lo, hi = interval(values, confidence, rung_widen)
+                e.lower, e.upper = _exp(lo), _exp(hi)
+                e.verdict = _verdict(e.lower, e.upper, 1.0, VARIANT_BETTER, BASELINE_BETTER)
+                e.replicates, e.failed_replicates = n_boot - undetermined, undetermined
+            if rung_whys[j] == BEYOND:
+                e.extra["at_least"] = bounds[j][0]
+            elif rung_whys[j] == BELOW:
+                e.extra["at_most"] = bounds[j][1]
+        elif sampler.method == "none":
+            e = Estimate("multiplier", point, status="failed", reason="no bootstrap: a cell has one seed")
+        else:
+            e = estimate(
+                "multiplier",
+                math.log(point),
+                rep["rung"][:, j],
+                confidence,
+                null=1.0,
+                transform=_exp,
+                failed_what="multipliers",
+                widen=rung_widen,
+            )
+            e.extra["replicates_outside_range"] = int(np.sum(np.isinf(rep["rung"][:, j])))
+        e.extra["t_widening"] = rung_widen
+        row.update(e.summary())
+        if v is not None:
+            row["variant_compute"] = v.compute
+        rung_rows.append(row)
+
+    extrapolations = []
+    for t, (c, label) in enumerate(target_list):
+        row = {"label": label, "compute": c, "factor": c / c_max}
+        if shared.ok:
+            row["loss_baseline_shared"] = float(shared.predict([c], 0)[0])
+            row["loss_variant_shared"] = float(shared.predict([c], 1)[0])
+        gap_s = row["loss_baseline_shared"] - row["loss_variant_shared"] if shared.ok else None
+        row["gap_shared"] = est("gap", gap_s, rep["gap_shared"][:, t], shared, fail_shared).summary()
+        row["multiplier_shared"] = k.summary()
+        gap_f = float(free.predict([c], 0)[0] - free.predict([c], 1)[0]) if free.ok else None
+        row["gap_free"] = est("gap", gap_f, rep["gap_free"][:, t], free, fail_free).summary()
+        log_m = float(np.log(free_multiplier(free, [c])[0])) if free.ok else None
+        row["multiplier_free"] = est(
+            "multiplier", log_m, rep["mult_free"][:, t], free, fail_free, null=1.0, transform=_exp
+        ).summary()
+        extrapolations.append(row)
+
+    aa_ladder = ladder.aa()
+    if aa_ladder is None:
+        aa = {"status": "failed", "reason": "a baseline cell has fewer than two seeds"}
+    else:
+        aa_k, aa_sampler = _k_interval(aa_ladder, fit(aa_ladder.points(), "shared"), n_boot, confidence, rng, calibrate)
+        aa = {"k": aa_k.summary(), "bootstrap_method": aa_sampler.method, "degrees_of_freedom": aa_sampler.df}
+        if aa_k.status == "ok":
+            aa["covers_1"] = bool(aa_k.lower <= 1.0 <= aa_k.upper)
+
+    curves = {"compute": grid, "c_max": c_max, "targets": target_list}
+    if np.any(~np.isnan(rep["curve"][:, 0, 0])):
+        curves["band"] = _band(rep["curve"], confidence, widen)
+    if np.any(~np.isnan(rep["curve_mult"][:, 0])):
+        curves["mult_band"] = np.exp(_band(rep["curve_mult"], confidence, widen))
+    return Comparison(
+        ladder,
+        confidence,
+        n_boot,
+        sampler.method,
+        shared,
+        free,
+        single,
+        k,
+        dalpha,
+        rung_rows,
+        _rollout(ladder),
+        aa,
+        extrapolations,
+        curves,
+        sampler.df,
+        widen,
+    )
