@@ -22,9 +22,10 @@ The ladder runs in three phases, each as many runs at once as ``--jobs`` allows:
 Every run has a fixed name, so the same command after an interruption skips finished runs and resumes
 the others from their last checkpoint (``ckpt_path=last``). The ladder folder
 ``<output-root>/ladders/<DECISION>-<PRESET>/`` ends with ``ladder.csv`` (one row per compute point)
-and the fits and figures of ``python -m analysis.ladder``. ``--dry-run`` prints every run with its
-parameters, tokens and FLOPs and the estimated time: on a CPU preset from a few measured steps per rung
-(``--measure-steps``), on a GPU preset in GPU-hours at the preset's peak and MFU.
+and, per token multiple, the fits and figures of ``python -m analysis.ladder`` in ``tpp<M>/``.
+``--dry-run`` prints every run with its parameters, tokens and FLOPs and the estimated time: on a CPU
+preset from a few measured steps per rung (``--measure-steps``), on a GPU preset in GPU-hours at the
+preset's peak and MFU.
 """
 
 from __future__ import annotations
@@ -571,10 +572,14 @@ def run_ladder(
     edges = {arm: edge for arm, (_, edge) in chosen.items()}
     write_csv(folder / "ladder.csv", ladder_rows(decision, runs, summaries, edges))
     print(f"ladder folder: {folder}\nladder table: {folder / 'ladder.csv'}")
-    if report:
-        cmd = [sys.executable, "-m", "analysis.ladder", str(folder)]
-        if subprocess.run(cmd, cwd=REPO).returncode != 0:
-            raise LadderError(f"the report failed; rerun: {' '.join(cmd[1:])}")
+    if report:  # one fit per token multiple: each is one compute frontier (analysis/ladder.py)
+        for multiple in [preset.tokens_per_param, *preset.branch_multiples]:
+            out = folder / f"tpp{multiple:g}"
+            cmd = [sys.executable, "-m", "analysis.ladder", str(folder / "ladder.csv")]
+            cmd += ["--tokens-per-param", f"{multiple:g}", "--out", str(out)]
+            if subprocess.run(cmd, cwd=REPO).returncode != 0:
+                raise LadderError(f"the report failed; rerun: python {' '.join(cmd[1:])}")
+            print(f"report at {multiple:g} tokens per parameter: {out / 'table.md'}")
     return folder
 
 

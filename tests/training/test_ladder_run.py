@@ -4,6 +4,7 @@ point, and a ladder killed mid-run resumes with the same command and ends with t
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -31,7 +32,7 @@ overrides: [data=corpus, data.seq_len=64, data.batch_size=4, data.val_tokens=204
 def _command(preset: Path, out: Path) -> list[str]:
     return [
         sys.executable, "-m", "sweeps.run", "ladder", "block_attnres", "--preset", str(preset),
-        "--jobs", "2", "--no-report", "--output-root", str(out),
+        "--jobs", "2", "--output-root", str(out),
     ]  # fmt: skip
 
 
@@ -80,3 +81,13 @@ def test_a_killed_ladder_resumes_to_the_same_table(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "finished)" in again.stdout  # the runs done before the kill were not rerun
     assert _table(cut) == table
+    for multiple in ("0.3", "0.15"):  # the report per token multiple, the same after the interruption
+        for out in (whole, cut):
+            assert (out / "ladders" / "block_attnres-tiny" / f"tpp{multiple}" / "table.md").exists()
+        fits = [
+            json.loads((o / "ladders" / "block_attnres-tiny" / f"tpp{multiple}" / "fits.json").read_text())
+            for o in (whole, cut)
+        ]
+        for f in fits:
+            f.pop("source")  # the table's path
+        assert fits[0] == fits[1]
