@@ -51,22 +51,6 @@ LADDERS = Path(__file__).resolve().parent / "ladders"
 PRESETS = LADDERS / "presets"
 REPO = LADDERS.parent.parent
 ARMS = ("baseline", "variant")
-LADDER_COLUMNS = (
-    "decision",
-    "arm",
-    "rung",
-    "seed",
-    "tokens_per_param",
-    "non_embedding_params",
-    "active_params",
-    "train_tokens",
-    "train_flops",
-    "val_bpb",
-    "val_loss",
-    "lr",
-    "lr_edge",
-    "run_dir",
-)
 
 
 class LadderError(ValueError):
@@ -448,9 +432,11 @@ def ladder_rows(
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    from analysis.ladder import REQUIRED  # the table's schema is the report's
+
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=LADDER_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=[*REQUIRED, "tokens_per_param", "lr_edge"])
         writer.writeheader()
         writer.writerows(rows)
     os.replace(tmp, path)

@@ -49,21 +49,9 @@ def write_ladder_csv(path, rows: list[dict], decision: str = "block_attnres", st
     """``rows`` as a ladder table with every column of the schema (analysis/ladder.py)."""
     import csv
 
-    columns = [
-        "decision",
-        "arm",
-        "rung",
-        "seed",
-        "non_embedding_params",
-        "active_params",
-        "train_tokens",
-        "train_flops",
-        "val_bpb",
-        "val_loss",
-        "lr",
-        "run_dir",
-        "lr_edge",
-    ]
+    from analysis.ladder import REQUIRED
+
+    columns = [*REQUIRED, "lr_edge"]
     columns += ["max_activation", "grad_norm_spikes", "maxvio"] if stability else []
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, columns)
