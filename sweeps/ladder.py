@@ -426,9 +426,34 @@ def ladder_rows(
                 "lr": run.lr,
                 "lr_edge": edges.get(run.arm, {}).get(run.rung.name, False),
                 "run_dir": s.get("run_dir", ""),
+                **stability_metrics(s.get("run_dir", "")),
             }
         )
     return rows
+
+
+SPIKE_FACTOR = 3.0  # a logged gradient norm above this many times the run's median counts as a spike
+
+
+def stability_metrics(run_dir: str) -> dict[str, Any]:
+    """The stability columns of a run's row, from its ``metrics.jsonl``: ``maxvio`` (the last logged
+    mean MaxVio over routed layers; empty without routed layers) and ``grad_norm_spikes`` (logged
+    gradient norms after the first tenth of the run above ``SPIKE_FACTOR`` x the run's median)."""
+    from runtime.json_records import read_json_lines
+
+    path = Path(run_dir) / "metrics.jsonl"
+    records = read_json_lines(path) if path.is_file() else []
+    maxvio = [r["maxvio/mean"] for r in records if isinstance(r.get("maxvio/mean"), (int, float))]
+    norms = [
+        (r.get("step", 0), r["train/grad_norm"]) for r in records if isinstance(r.get("train/grad_norm"), (int, float))
+    ]
+    spikes: Any = ""
+    if norms:
+        last = max(step for step, _ in norms)
+        kept = [n for step, n in norms if step >= last / 10]
+        median = sorted(kept)[len(kept) // 2]
+        spikes = sum(n > SPIKE_FACTOR * median for n in kept)
+    return {"maxvio": maxvio[-1] if maxvio else "", "grad_norm_spikes": spikes}
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -436,7 +461,7 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*REQUIRED, "tokens_per_param", "lr_edge"])
+        writer = csv.DictWriter(f, fieldnames=[*REQUIRED, "tokens_per_param", "lr_edge", "maxvio", "grad_norm_spikes"])
         writer.writeheader()
         writer.writerows(rows)
     os.replace(tmp, path)

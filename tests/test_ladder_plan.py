@@ -132,3 +132,13 @@ def test_bad_preset_files_are_named(tmp_path):
     )
     with pytest.raises(ladder.LadderError, match="unknown keys x"):
         ladder.load_preset(str(bad))
+
+
+def test_stability_columns_come_from_the_runs_metrics(tmp_path):
+    lines = [{"step": s, "train/grad_norm": 1.0 + 0.01 * (s % 3)} for s in range(0, 100, 2)]
+    lines[30]["train/grad_norm"] = 5.0  # one spike after the first tenth
+    lines[1]["train/grad_norm"] = 50.0  # early, during warmup: not counted
+    lines += [{"step": 90, "maxvio/mean": 0.4}, {"step": 98, "maxvio/mean": 0.25}, '{"step": 99, "train/gr']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines))
+    assert ladder.stability_metrics(str(tmp_path)) == {"maxvio": 0.25, "grad_norm_spikes": 1}
+    assert ladder.stability_metrics(str(tmp_path / "missing")) == {"maxvio": "", "grad_norm_spikes": ""}
