@@ -27,7 +27,6 @@ import os
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -44,6 +43,7 @@ from components.config_container import decoder_config_from_container
 from components.hf.config_json import SANDBOX_KEY
 from components.hf.modeling_file import KIMI_K3_MODEL_TYPE, SANDBOX_MODEL_TYPE, write_modeling_file
 from components.model import Decoder
+from components.objective import cross_entropy
 
 
 class K3SandboxConfig(PreTrainedConfig):
@@ -179,9 +179,7 @@ class K3SandboxForCausalLM(PreTrainedModel, GenerationMixin):
         logits = self.model.lm_head(hidden)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(
-                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
-            )
+            loss = cross_entropy(logits[:, :-1], labels[:, 1:].to(logits.device), reduction="mean")
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
 
     @classmethod

@@ -99,6 +99,23 @@ def test_a_k3_export_loads_through_the_registered_class_and_generates_with_its_c
     assert cached == ours == uncached and len(set(ours)) > 3
 
 
+def test_labels_give_the_projects_own_next_token_loss(tmp_path):
+    from components.objective import IGNORE_INDEX, cross_entropy
+
+    root, model = tiny("mixer=gqa", "ffn=dense")
+    write(tmp_path, root, model)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    x = ids(length=16)
+    labels = x.clone()
+    labels[0, 5:9] = IGNORE_INDEX  # ignored positions are left out of the mean, as transformers does
+    with torch.no_grad():
+        loss = hf(x, labels=labels).loss
+        logits = model(x)
+    per_token = cross_entropy(logits[:, :-1], labels[:, 1:])
+    expected = per_token.sum() / (labels[:, 1:] != IGNORE_INDEX).sum()
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+
+
 def test_a_multimodal_k3_export_reads_as_the_release(tmp_path, k3):
     root, model = k3
     written = write(tmp_path, root, model, prefix=MULTIMODAL_PREFIX)
