@@ -364,8 +364,9 @@ def _val_loss(summary: dict[str, Any]) -> float:
 
 def choose_learning_rates(
     runs: list[LadderRun], summaries: dict[str, dict[str, Any]], preset: Preset
-) -> dict[str, tuple[dict[str, float], dict[str, bool]]]:
-    """Per arm: ({rung name: learning rate}, {rung name: best rate at the edge of its sweep}). The best
+) -> dict[str, tuple[dict[str, float], dict[str, str]]]:
+    """Per arm: ({rung name: learning rate}, {swept rung name: "low" / "high" where its best rate sat at
+    that edge of the sweep, else ""}). The best
     rate at each swept rung is fitted as ``log lr = a + b log N`` (N active parameters) and applied to
     every rung."""
     out = {}
@@ -380,7 +381,11 @@ def choose_learning_rates(
             if not math.isfinite(loss):
                 raise LadderError(f"{arm} at {rung_name}: every learning rate of the sweep diverged")
             points.append((math.log(run.size.active_params), math.log(preset.lr_base * factor)))
-            edges[rung_name] = len(preset.lr_factors) > 1 and factor in (preset.lr_factors[0], preset.lr_factors[-1])
+            edges[rung_name] = ""  # inside the sweep, or the edge it sits at (analysis.ladder flags it)
+            if len(preset.lr_factors) > 1 and factor == preset.lr_factors[0]:
+                edges[rung_name] = "low"
+            elif len(preset.lr_factors) > 1 and factor == preset.lr_factors[-1]:
+                edges[rung_name] = "high"
         if not points:
             raise LadderError(f"{arm}: no finished learning-rate runs")
         if len(points) == 1:
@@ -400,7 +405,7 @@ def choose_learning_rates(
 
 
 def ladder_rows(
-    decision: str, runs: list[LadderRun], summaries: dict[str, dict[str, Any]], edges: dict[str, dict[str, bool]]
+    decision: str, runs: list[LadderRun], summaries: dict[str, dict[str, Any]], edges: dict[str, dict[str, str]]
 ) -> list[dict[str, Any]]:
     """One ``ladder.csv`` row per finished stable or branch run: a compute point of one arm."""
     rows = []
@@ -424,7 +429,7 @@ def ladder_rows(
                 "val_bpb": s["val"].get("bpb", float("nan")),
                 "val_loss": s["val"]["loss"],
                 "lr": run.lr,
-                "lr_edge": edges.get(run.arm, {}).get(run.rung.name, False),
+                "lr_edge": edges.get(run.arm, {}).get(run.rung.name, ""),
                 "run_dir": s.get("run_dir", ""),
                 **stability_metrics(s.get("run_dir", "")),
             }

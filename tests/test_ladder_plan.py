@@ -82,7 +82,7 @@ def test_learning_rates_are_fitted_against_size_and_edges_flagged():
         rates, edges = chosen[arm]
         assert rates[swept[0].name] == pytest.approx(p.lr_base * 1.0)
         assert rates[swept[1].name] == pytest.approx(p.lr_base * 0.5)
-        assert edges == {swept[0].name: False, swept[1].name: True}
+        assert edges == {swept[0].name: "", swept[1].name: "low"}
         # the power law continues to the larger rungs: lower rates for larger models
         ordered = [rates[r.name] for r in p.rungs]
         assert ordered == sorted(ordered, reverse=True)
