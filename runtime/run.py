@@ -225,12 +225,14 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
         trainer.fit(module, datamodule=data, ckpt_path=ckpt)
         trainer.validate(module, datamodule=data, verbose=False)  # final metrics after the last step
         status = "finished"
+        # the run's tokens from step 0: a resumed or branched run's earlier steps (before this process) too
+        trained_tokens = data.start_batch * throughput.tokens_per_micro_batch + throughput.total_tokens
         summary = {
             "name": run_name,
             "run_dir": run_dir,
             "steps": trainer.global_step,
             "planned_steps": root.trainer.max_steps,
-            "train_tokens": throughput.total_tokens,
+            "train_tokens": trained_tokens,
             "train_seconds": round(throughput.train_seconds, 2),
             "tokens_per_s": throughput.total_tokens / max(throughput.train_seconds, 1e-9),
             "wall_seconds": round(time.perf_counter() - started, 2),
@@ -239,7 +241,7 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
             "d_model": root.model.d_model,
             "decode_state_numbers": model.decode_state_numbers(),  # analysis.compare's state-size axis
             # parameters by kind, training tokens and FLOPs by part (components/flop_count.py): a scaling fit's x
-            "compute": compute_record(model, seq_len, throughput.total_tokens),
+            "compute": compute_record(model, seq_len, trained_tokens),
             "val": dict(module.last_val_metrics),
             "metric": dataset.metrics.record(),  # which of them is primary, and whether higher is better
             "baselines": dataset.baselines(),

@@ -226,8 +226,12 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, model, accumul
     assert max(losses) == max(reference) == 11
     for step in range(8, 12):  # steps 9..12 were trained after the resume
         assert losses[step] == reference[step], (step, losses[step], reference[step])
-    final = json.loads((run_dir / "summary.json").read_text())["val"]["loss"]
-    assert final == json.loads((reference_dir / "summary.json").read_text())["val"]["loss"]
+    resumed_summary = json.loads((run_dir / "summary.json").read_text())
+    reference_summary = json.loads((reference_dir / "summary.json").read_text())
+    assert resumed_summary["val"]["loss"] == reference_summary["val"]["loss"]
+    # the resumed run's tokens and compute count its steps from 0, not only those after the resume
+    assert resumed_summary["train_tokens"] == reference_summary["train_tokens"]
+    assert resumed_summary["compute"] == reference_summary["compute"]
 
 
 @pytest.mark.parametrize("mixer", ["kda", "mla"])
