@@ -193,12 +193,6 @@ def account(overrides: list[str]) -> Size:
     return Size(params["non_embedding"], params["active"], flops, tokens_per_step)
 
 
-def decay_start(total: int, warmup: int, decay_fraction: float) -> int:
-    from components.optim.schedules.wsd import decay_start as wsd_decay_start
-
-    return wsd_decay_start(total, warmup, decay_fraction)
-
-
 # -- the plan ------------------------------------------------------------------------------------------
 @dataclass
 class LadderRun:
@@ -238,6 +232,8 @@ def _steps(tokens_per_param: float, size: Size) -> int:
 
 def plan(decision: str, preset: Preset, extra: list[str], arms_overrides: dict[str, list[str]]) -> list[LadderRun]:
     """Every run of the ladder, the learning rates of the stable and branch runs still open."""
+    from components.optim.schedules.wsd import decay_start  # the schedule the runs train under
+
     runs: list[LadderRun] = []
     smallest = preset.branch_multiples[0] if preset.branch_multiples else preset.tokens_per_param
     for arm in ARMS:
