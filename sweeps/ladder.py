@@ -33,13 +33,17 @@ from __future__ import annotations
 import argparse
 import csv
 import glob
+import hashlib
 import json
 import math
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -235,6 +239,9 @@ def plan(decision: str, preset: Preset, extra: list[str], arms_overrides: dict[s
     from components.optim.schedules.wsd import decay_start  # the schedule the runs train under
 
     runs: list[LadderRun] = []
+    arm_slugs = {arm: arm_slug(arms_overrides[arm]) for arm in ARMS}
+    if arm_slugs["baseline"] == arm_slugs["variant"]:  # an A/A ladder: the same runs twice would be one set
+        arm_slugs = {arm: f"{arm_slugs[arm]}-{arm}" for arm in ARMS}
     smallest = preset.branch_multiples[0] if preset.branch_multiples else preset.tokens_per_param
     for arm in ARMS:
         for i, rung in enumerate(preset.rungs):
@@ -257,7 +264,7 @@ def plan(decision: str, preset: Preset, extra: list[str], arms_overrides: dict[s
                     lr_steps = _steps(smallest, size)
                     runs.append(
                         LadderRun(
-                            f"{arm}-{rung.name}-lr{f:g}",
+                            f"{arm_slugs[arm]}-{rung.name}-lr{f:g}",
                             "lr",
                             arm,
                             rung,
@@ -270,7 +277,7 @@ def plan(decision: str, preset: Preset, extra: list[str], arms_overrides: dict[s
                         )
                     )
             for seed in preset.seeds:
-                stable = f"{arm}-{rung.name}-s{seed}"
+                stable = f"{arm_slugs[arm]}-{rung.name}-s{seed}"
                 runs.append(
                     LadderRun(
                         stable,
@@ -302,6 +309,26 @@ def plan(decision: str, preset: Preset, extra: list[str], arms_overrides: dict[s
                         )
                     )
     return runs
+
+
+def arm_slug(arm: list[str]) -> str:
+    """A run-name stem that says what an arm trains (``experiment=k3_small`` -> ``k3_small``): runs are
+    named by what they train, so two decisions that share an arm share its runs."""
+    parts = [o.split("=", 1)[1] if o.startswith("experiment=") else o for o in arm]
+    slug = re.sub(r"[^A-Za-z0-9_.=+-]", "_", "+".join(parts)) or "default"
+    if len(slug) > 60:
+        slug = slug[:48] + "-" + hashlib.sha1(slug.encode()).hexdigest()[:8]
+    return slug
+
+
+def runs_folder(output_root: Path, preset: Preset, extra: list[str]) -> Path:
+    """Where a preset's runs live, shared by every decision trained at it: ``ladders/runs-<preset>-<hash>``,
+    the hash over everything that shapes a run (the preset's settings and the command line's overrides),
+    so a changed preset or override never reuses a run trained under the old one."""
+    identity = {k: v for k, v in asdict(preset).items() if k not in ("name", "description")}
+    identity["extra"] = list(extra)
+    digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return output_root / "ladders" / f"runs-{preset.name}-{digest}"
 
 
 def arm_overrides(arm: list[str], rung: Rung, preset: Preset, extra: list[str], accounting: bool = False) -> list[str]:
@@ -469,33 +496,71 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 # -- measuring and printing ----------------------------------------------------------------------------
-def measure_tokens_per_s(overrides: list[str], steps: int) -> float:
-    """Training tokens/s of a composition over ``steps`` steps (after the first, which compiles and
-    warms up), from a throwaway run of ``train.py``."""
+@dataclass(frozen=True)
+class Rate:
+    """A rung's measured speed: steady-state training tokens/s per job, and the seconds each run spends
+    outside its steps (start-up, compilation, the first steps, validation, writing)."""
+
+    tokens_per_s: float
+    overhead_s: float
+
+    def seconds(self, tokens: float) -> float:
+        return self.overhead_s + tokens / self.tokens_per_s
+
+
+WARM_STEPS = 2  # steps left out of the steady-state rate: compilation and its recompiles land here
+
+
+def measure_rate(overrides: list[str], steps: int, jobs: int = 1) -> Rate:
+    """A composition's rate from throwaway runs of ``train.py``: ``jobs`` copies at once (as the ladder
+    will run them, each with its share of the cores), ``WARM_STEPS + steps`` steps each. The rate is the
+    median of the logged per-step tokens/s after the warm steps; the overhead is the rest of a run's
+    wall time."""
+    from runtime.json_records import read_json_lines
+    from sweeps.run import threads_per_job
+
+    env = {**os.environ, **threads_per_job(jobs, dict(os.environ))}
     with tempfile.TemporaryDirectory() as tmp:
-        argv = [
-            sys.executable,
-            str(REPO / "train.py"),
-            *overrides,
-            f"trainer.max_steps={steps + 1}",
-            "trainer.max_time_minutes=null",
-            "logger=csv",
-            "trainer.enable_progress_bar=false",
-            f"output_root={tmp}",
-            "name=rate",
-        ]
-        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
-        if done.returncode != 0:
-            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise LadderError(f"measuring the rate failed: {tail}")
-        return float(json.loads((Path(tmp) / "rate" / "summary.json").read_text())["tokens_per_s"])
+        procs = []
+        started = time.perf_counter()
+        for copy in range(jobs):
+            argv = [
+                sys.executable,
+                str(REPO / "train.py"),
+                *overrides,
+                f"trainer.max_steps={WARM_STEPS + steps}",
+                "trainer.max_time_minutes=null",
+                "trainer.log_every_n_steps=1",
+                "logger=csv",
+                "trainer.enable_progress_bar=false",
+                f"output_root={tmp}",
+                f"name=rate{copy}",
+            ]
+            procs.append(
+                subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            )
+        rates, walls = [], []
+        for copy, proc in enumerate(procs):
+            _, err = proc.communicate()
+            walls.append(time.perf_counter() - started)
+            if proc.returncode != 0:
+                tail = (err.strip().splitlines() or ["(no output)"])[-1]
+                raise LadderError(f"measuring the rate failed: {tail}")
+            rows = read_json_lines(Path(tmp) / f"rate{copy}" / "metrics.jsonl")
+            rates += [r["perf/tokens_per_s"] for r in rows if "perf/tokens_per_s" in r and r["step"] >= WARM_STEPS]
+            summary = json.loads((Path(tmp) / f"rate{copy}" / "summary.json").read_text())
+        if not rates:
+            raise LadderError("measuring the rate failed: no per-step tokens/s was logged")
+        rate = statistics.median(rates)
+        trained = summary["train_tokens"]
+        return Rate(rate, max(0.0, statistics.median(walls) - trained / rate))
 
 
 def _fmt_seconds(s: float) -> str:
     return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min"
 
 
-def print_plan(runs: list[LadderRun], preset: Preset, rates: dict[str, float], jobs: int) -> None:
+def print_plan(runs: list[LadderRun], preset: Preset, rates: dict[str, Rate], jobs: int) -> None:
     gpu = preset.peak_flops is not None and preset.mfu is not None
     print(
         f"{'run':<44} {'phase':<6} {'non-emb':>10} {'active':>10} {'tokens':>12} {'FLOPs':>10} "
@@ -509,7 +574,7 @@ def print_plan(runs: list[LadderRun], preset: Preset, rates: dict[str, float], j
             est = f"{hours:.2f}"
             total_seconds += hours * 3600
         elif run.rung.name in rates:
-            seconds = (run.steps - (run.init_step or 0)) * run.size.tokens_per_step / rates[run.rung.name]
+            seconds = rates[run.rung.name].seconds((run.steps - (run.init_step or 0)) * run.size.tokens_per_step)
             total_seconds += seconds
             est = _fmt_seconds(seconds)
         else:
@@ -526,12 +591,26 @@ def print_plan(runs: list[LadderRun], preset: Preset, rates: dict[str, float], j
             f"{100 * preset.mfu:.0f}% MFU"
         )
     elif rates:
-        rate_text = ", ".join(f"{k} {v:,.0f}" for k, v in rates.items())
+        rate_text = ", ".join(f"{k} {v.tokens_per_s:,.0f} tokens/s + {v.overhead_s:.0f} s" for k, v in rates.items())
         print(
-            f"estimated time: {_fmt_seconds(total_seconds)} one run at a time, about "
-            f"{_fmt_seconds(total_seconds / max(1, jobs))} with --jobs {jobs} if each job keeps its "
-            f"measured rate (tokens/s measured per rung: {rate_text})"
+            f"estimated time with --jobs {jobs}: {_fmt_seconds(scheduled_seconds(runs, rates, jobs))} "
+            f"({_fmt_seconds(total_seconds)} of runs; per rung and job, as measured with {jobs} at once: "
+            f"{rate_text} a run)"
         )
+
+
+def scheduled_seconds(runs: list[LadderRun], rates: dict[str, Rate], jobs: int) -> float:
+    """Wall time of the ladder: each phase waits for the one before (the learning rates, then the stable
+    runs the branches start from), and within a phase runs start in plan order as slots free up."""
+    total = 0.0
+    for phase in ("lr", "stable", "branch"):
+        slots = [0.0] * max(1, jobs)
+        for run in runs:
+            if run.phase == phase and run.rung.name in rates:
+                i = slots.index(min(slots))
+                slots[i] += rates[run.rung.name].seconds((run.steps - (run.init_step or 0)) * run.size.tokens_per_step)
+        total += max(slots)
+    return total
 
 
 # -- running -------------------------------------------------------------------------------------------
@@ -558,14 +637,34 @@ def _launch(
     return summaries
 
 
+def _hold_runs_folder(runs_dir: Path):
+    """An exclusive lock on a preset's runs folder for the ladder's lifetime: two ladders sharing an arm
+    would otherwise train the same run into the same folder at once."""
+    import fcntl
+
+    handle = open(runs_dir / ".lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise LadderError(
+            f"another ladder is training in {runs_dir} (its runs are shared by every decision at this preset); "
+            "run ladders of one preset one after another, or give this one its own --output-root"
+        ) from None
+    return handle
+
+
 def run_ladder(
     decision: str, preset: Preset, extra: list[str], output_root: Path, jobs: int, report: bool = True
 ) -> Path:
     arms = {arm: load_decision(decision)[arm] for arm in ARMS}
     runs = plan(decision, preset, extra, arms)
     folder = output_root / "ladders" / f"{decision}-{preset.name}"
-    runs_dir = folder / "runs"
+    runs_dir = runs_folder(output_root, preset, extra)
     runs_dir.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"runs of preset {preset.name}: {runs_dir}")
+    lock = _hold_runs_folder(runs_dir)  # noqa: F841 (held until the ladder returns)
     lr_runs = [r for r in runs if r.phase == "lr"]
     summaries = _launch(lr_runs, arms, preset, extra, runs_dir, jobs)
     chosen = choose_learning_rates(runs, summaries, preset)
@@ -603,7 +702,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     p.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
     p.add_argument("--dry-run", action="store_true", help="print every run, its FLOPs and estimated time")
-    p.add_argument("--measure-steps", type=int, default=3, help="dry-run: steps timed per rung (0: do not time)")
+    p.add_argument(
+        "--measure-steps", type=int, default=8, help="dry-run: steady-state steps timed per rung (0: do not time)"
+    )
     p.add_argument("--output-root", default="outputs", help="the ladder folder goes under <output-root>/ladders/")
     p.add_argument("--no-report", action="store_true", help="stop after ladder.csv (no fits or figures)")
     args, extra = p.parse_known_args(argv)
@@ -616,7 +717,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         decision = load_decision(args.decision)
         if args.dry_run:
             runs = plan(args.decision, preset, extra, {arm: decision[arm] for arm in ARMS})
-            rates: dict[str, float] = {}
+            rates: dict[str, Rate] = {}
             if preset.peak_flops is None and args.measure_steps:
                 for rung in preset.rungs:
                     probe = replace(next(r for r in runs if r.rung == rung and r.arm == "variant"), lr=None)
@@ -624,7 +725,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     overrides = [
                         o for o in overrides if not o.startswith(("name=", "ckpt_path=", "trainer.max_steps="))
                     ]
-                    rates[rung.name] = measure_tokens_per_s(overrides, args.measure_steps)
+                    rates[rung.name] = measure_rate(overrides, args.measure_steps, args.jobs)
             print(f"ladder {args.decision} ({decision.get('description', '')}), preset {preset.name}")
             print_plan(runs, preset, rates, args.jobs)
             return 0

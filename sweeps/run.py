@@ -154,11 +154,21 @@ def commands(
     return out
 
 
+def threads_per_job(jobs: int, env: dict[str, str]) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for each of ``jobs`` concurrent runs: the cores split between them, since
+    PyTorch's threads spin and slow down several-fold when more of them run than there are cores. A
+    thread count the caller set is kept."""
+    if jobs <= 1 or "OMP_NUM_THREADS" in env:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
+
+
 def run_points(cmds: list[tuple[str, list[str]]], output_root: Path, env: dict[str, str], jobs: int = 1) -> list[str]:
     """Run every point's multirun, up to ``jobs`` at once; returns the points that failed. A
     configuration error (exit 2) stops launching further points: they would fail alike."""
     pending, running, failed = list(cmds), [], []
     config_error = False
+    env = {**env, **threads_per_job(jobs, env)}
     while pending or running:
         while pending and len(running) < max(1, jobs) and not config_error:
             point, cmd = pending.pop(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -31,9 +32,10 @@ def test_every_rung_composes_in_both_arms_and_spans_8x(preset):
         }
         non_embedding = [s.non_embedding_params for s in sizes["baseline"]]
         assert non_embedding == sorted(non_embedding) and non_embedding[-1] >= 8 * non_embedding[0]
-        # an arm flips one decision: the same rung is (nearly) the same size in both
+        # an arm flips one decision: the same rung is (nearly) the same size in both (block AttnRes adds
+        # its per-sublayer queries and norms, 1.4% of the smallest CPU rung)
         for a, b in zip(sizes["baseline"], sizes["variant"]):
-            assert abs(a.active_params - b.active_params) < 0.01 * a.active_params
+            assert abs(a.active_params - b.active_params) < 0.02 * a.active_params
 
 
 def test_budgets_branch_points_and_checkpoints():
@@ -103,7 +105,7 @@ def test_finished_means_every_planned_step(tmp_path):
 def test_gpu_dry_run_prints_runs_flops_and_gpu_hours(capsys):
     assert ladder.main(["block_attnres", "--preset", "gpu", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "variant-d1536x20-s1-tpp10" in out and "GPU-hours:" in out and "training FLOPs in all" in out
+    assert "k3_small-d1536x20-s1-tpp10" in out and "GPU-hours:" in out and "training FLOPs in all" in out
 
 
 @pytest.mark.parametrize(
@@ -142,3 +144,55 @@ def test_stability_columns_come_from_the_runs_metrics(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines))
     assert ladder.stability_metrics(str(tmp_path)) == {"maxvio": 0.25, "grad_norm_spikes": 1}
     assert ladder.stability_metrics(str(tmp_path / "missing")) == {"maxvio": "", "grad_norm_spikes": ""}
+
+
+def test_decisions_sharing_an_arm_share_its_runs(tmp_path):
+    p = ladder.load_preset("cpu")
+    plans = {}
+    for name in ("block_attnres", "latent_norm"):
+        d = ladder.load_decision(name)
+        plans[name] = ladder.plan(name, p, [], {arm: d[arm] for arm in ladder.ARMS})
+    variant = [{r.name for r in plans[n] if r.arm == "variant"} for n in plans]
+    baseline = [{r.name for r in plans[n] if r.arm == "baseline"} for n in plans]
+    assert variant[0] == variant[1]  # both decisions' variant is k3_small: the same runs
+    assert not baseline[0] & baseline[1]  # their baselines differ, and so do their names
+    assert all(n.startswith("k3_small-") for n in variant[0])
+    # one folder per preset and command line: another override never reuses a run trained without it
+    here = ladder.runs_folder(tmp_path, p, [])
+    assert here == ladder.runs_folder(tmp_path, ladder.load_preset("cpu"), [])
+    assert here != ladder.runs_folder(tmp_path, p, ["data.seq_len=128"])
+    assert here != ladder.runs_folder(tmp_path, ladder.replace(p, tokens_per_param=10.0), [])
+
+
+def test_an_a_a_ladder_keeps_its_two_arms_apart():
+    p = ladder.load_preset("cpu")
+    runs = ladder.plan("aa", p, [], {"baseline": ["experiment=k3_small"], "variant": ["experiment=k3_small"]})
+    names = [r.name for r in runs]
+    assert len(names) == len(set(names))
+
+
+def test_one_ladder_at_a_time_per_runs_folder(tmp_path):
+    held = ladder._hold_runs_folder(tmp_path)
+    with pytest.raises(ladder.LadderError, match="another ladder is training in"):
+        ladder._hold_runs_folder(tmp_path)
+    held.close()
+    ladder._hold_runs_folder(tmp_path).close()  # free again once the first ladder is done
+
+
+def test_the_time_estimate_schedules_phases_one_after_another():
+    p = ladder.load_preset("cpu")
+    d = ladder.load_decision("block_attnres")
+    runs = ladder.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder.ARMS})
+    rates = {r.name: ladder.Rate(tokens_per_s=1e4, overhead_s=10.0) for r in p.rungs}
+    serial = sum(rates[r.rung.name].seconds((r.steps - (r.init_step or 0)) * r.size.tokens_per_step) for r in runs)
+    assert ladder.scheduled_seconds(runs, rates, 1) == pytest.approx(serial)
+    two = ladder.scheduled_seconds(runs, rates, 2)
+    assert serial / 2 <= two < serial  # two slots, but a phase's longest run still bounds it
+
+
+def test_concurrent_jobs_split_the_cores():
+    from sweeps.run import threads_per_job
+
+    assert threads_per_job(1, {}) == {}
+    assert threads_per_job(2, {"OMP_NUM_THREADS": "3"}) == {}  # the caller's choice stands
+    assert threads_per_job(2, {}) == {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2))}

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from sweeps import ladder
+
 REPO = Path(__file__).resolve().parents[2]
 
 TINY_PRESET = """
@@ -63,7 +65,8 @@ def test_a_killed_ladder_resumes_to_the_same_table(tmp_path):
     assert lr_file.exists()
 
     cut = tmp_path / "cut"
-    victim = cut / "ladders" / "block_attnres-tiny" / "runs" / "variant-d32x4-s1" / "checkpoints"
+    # runs are named by what they train, in the preset's shared runs folder
+    victim = ladder.runs_folder(cut, ladder.load_preset(str(preset)), []) / "k3_small-d32x4-s1" / "checkpoints"
     proc = subprocess.Popen(
         _command(preset, cut), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
