@@ -42,9 +42,12 @@ class TrainerConfig:
     # the learning-rate schedule spans exactly those steps, so the result does not depend on speed.
     max_steps: Optional[int] = 1000
     max_tokens: Optional[int] = None
-    # a guard, not a budget: stop after this many minutes of wall time (None: no limit). A run the
-    # guard stops ends before its schedule does, and its summary says so.
+    # a guard, not a budget: stop after this many minutes of wall time (None: no guard at all). With
+    # min_tokens_per_s set the guard grows with the budget: the larger of max_time_minutes and the
+    # planned tokens at that rate, so a longer run or a busy machine is not cut at a fixed time. A run
+    # the guard stops ends before its schedule does, and its summary says so plainly.
     max_time_minutes: Optional[float] = None
+    min_tokens_per_s: Optional[float] = None
     accumulate_grad_batches: int = 1
     gradient_clip_val: Optional[float] = 1.0
     val_check_interval: int = 250

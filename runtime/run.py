@@ -27,7 +27,7 @@ from runtime import handoff
 from runtime.branching import branch_checkpoint
 from runtime.checkpoint_files import CorruptCheckpointError, load_checkpoint_file
 from runtime.config import RootConfig, to_container
-from runtime.token_budget import describe_length, training_steps
+from runtime.token_budget import describe_length, time_guard_minutes, training_steps
 
 
 def _read_json(path: str) -> dict:
@@ -118,7 +118,11 @@ def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list
         mode="max",
         save_on_train_epoch_end=False,
     )
-    max_time = {"minutes": t.max_time_minutes} if t.max_time_minutes else None
+    guard = time_guard_minutes(root)
+    if guard:
+        from runtime.callbacks.time_guard import TimeGuard
+
+        callbacks = [*callbacks, TimeGuard(guard)]
     return L.Trainer(
         accelerator=t.accelerator,
         devices=t.devices,
@@ -127,7 +131,6 @@ def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list
         precision=t.precision,
         max_steps=t.max_steps,
         max_epochs=-1,
-        max_time=max_time,
         accumulate_grad_batches=t.accumulate_grad_batches,
         gradient_clip_val=t.gradient_clip_val,
         val_check_interval=t.val_check_interval * t.accumulate_grad_batches,
@@ -232,6 +235,9 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
             "run_dir": run_dir,
             "steps": trainer.global_step,
             "planned_steps": root.trainer.max_steps,
+            # budget: every planned step; time_guard: the guard ended it early; stopped: ended early otherwise
+            "ended_by": ended_by(trainer, root.trainer.max_steps),
+            "time_guard_minutes": time_guard_minutes(root),
             "train_tokens": trained_tokens,
             "train_seconds": round(throughput.train_seconds, 2),
             "tokens_per_s": throughput.total_tokens / max(throughput.train_seconds, 1e-9),
@@ -273,15 +279,45 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     return summary
 
 
+def ended_by(trainer: Any, planned_steps: Optional[int]) -> str:
+    """Why training ended: ``budget`` (every planned step), ``time_guard`` (the guard of
+    ``trainer.max_time_minutes`` / ``min_tokens_per_s`` ran out first) or ``stopped`` (ended early
+    otherwise)."""
+    from runtime.callbacks.time_guard import TimeGuard
+
+    if planned_steps is None or trainer.global_step >= planned_steps:
+        return "budget"
+    if any(isinstance(c, TimeGuard) and c.ran_out for c in trainer.callbacks):
+        return "time_guard"
+    return "stopped"
+
+
 def steps_note(s: dict[str, Any]) -> str:
     """Flags a run that stopped before its planned steps (the time guard, or an interruption)."""
     planned = s.get("planned_steps")
     if planned is None or s["steps"] >= planned:
         return ""
-    return (
-        f" of {planned} planned (stopped early by the time guard trainer.max_time_minutes: not the planned "
-        "run's result)"
-    )
+    if s.get("ended_by", "time_guard") == "time_guard":
+        return f" of {planned} planned (stopped early by the time guard: not the planned run's result)"
+    return f" of {planned} planned (stopped early: not the planned run's result)"
+
+
+def early_stop_warning(s: dict[str, Any]) -> Optional[str]:
+    """One plain line for a run that did not train its budget, so its figure is not mistaken for the
+    budgeted result."""
+    planned = s.get("planned_steps")
+    if planned is None or s["steps"] >= planned:
+        return None
+    share = f"{100 * s['steps'] / planned:.0f}% of its {planned:,} planned steps"
+    if s.get("ended_by", "time_guard") == "time_guard":
+        guard = s.get("time_guard_minutes")
+        after = f"after {guard:.0f} min" if guard else "early"
+        return (
+            f"NOT THE BUDGETED RESULT: the time guard ended training {after}, at {share} "
+            f"({s['tokens_per_s']:,.0f} tokens/s: a busy or slow machine?). Finish it with the same command "
+            "and ckpt_path=last, or raise trainer.max_time_minutes / lower trainer.min_tokens_per_s."
+        )
+    return f"NOT THE BUDGETED RESULT: training ended early, at {share}; finish it with ckpt_path=last."
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -295,6 +331,9 @@ def format_summary(s: dict[str, Any]) -> str:
         f"validation loss {val.get('loss', float('nan')):.4f}"
         + (f", {metric} {val[metric]:.4f}" if metric in val and metric != "loss" else ""),
     ]
+    warning = early_stop_warning(s)
+    if warning:
+        lines.append(warning)
     if s["baselines"]:
         base = ", ".join(f"{k} {v:.4f}" for k, v in s["baselines"].items())
         lines.append(f"baselines on the same validation bytes (bits per byte): {base}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from runtime.config import RootConfig
 
 
@@ -19,6 +21,18 @@ def training_steps(root: RootConfig) -> int:
     return -(-t.max_tokens // tokens_per_step(root))
 
 
+def time_guard_minutes(root: RootConfig) -> Optional[float]:
+    """The wall-time guard: ``trainer.max_time_minutes``, raised to the planned tokens at
+    ``trainer.min_tokens_per_s`` where that is longer (None: no guard)."""
+    t = root.trainer
+    if not t.max_time_minutes:
+        return None
+    if not t.min_tokens_per_s:
+        return t.max_time_minutes
+    tokens = training_steps(root) * tokens_per_step(root)
+    return max(t.max_time_minutes, tokens / t.min_tokens_per_s / 60)
+
+
 def describe_length(root: RootConfig) -> str:
     """How long the run trains, in steps and tokens, and which setting decided it."""
     steps = training_steps(root)
@@ -30,5 +44,9 @@ def describe_length(root: RootConfig) -> str:
         source = f"trainer.max_steps; trainer.max_tokens={t.max_tokens:,} is not used"
     else:
         source = "trainer.max_steps"
-    guard = f", time guard {t.max_time_minutes:g} min" if t.max_time_minutes else ""
+    minutes = time_guard_minutes(root)
+    guard = ""
+    if minutes is not None:
+        rate = f": the tokens at {t.min_tokens_per_s:,g} tokens/s" if minutes > t.max_time_minutes else ""
+        guard = f", time guard {minutes:.0f} min{rate}"
     return f"{steps:,} steps x {tokens_per_step(root):,} tokens = {tokens:,} tokens ({source}{guard})"

@@ -146,6 +146,11 @@ def validate(cfg: DictConfig) -> RootConfig:
         f"must be positive (or null: no time guard), got {t.max_time_minutes}",
     )
     check(
+        t.min_tokens_per_s is None or t.min_tokens_per_s > 0,
+        "trainer.min_tokens_per_s",
+        f"must be positive (or null: a fixed time guard of trainer.max_time_minutes), got {t.min_tokens_per_s}",
+    )
+    check(
         t.accumulate_grad_batches >= 1,
         "trainer.accumulate_grad_batches",
         f"must be >= 1, got {t.accumulate_grad_batches}",

@@ -12,7 +12,7 @@ import pytest
 
 from components.registry import ConfigError
 from runtime.jsonl_logger import read_metrics
-from runtime.token_budget import describe_length, training_steps
+from runtime.token_budget import describe_length, time_guard_minutes, training_steps
 from tests.helpers import compose_root, lr_multiplier, run_train
 
 FAST = [
@@ -46,6 +46,47 @@ def test_max_steps_wins_and_says_so():
     assert "max_tokens=10,000 is not used" in describe_length(root)
 
 
+def test_the_time_guard_grows_with_the_budget():
+    budget = ["trainer.max_steps=null", "data.batch_size=8", "data.seq_len=250"]  # 2,000 tokens a step
+    small = compose_root(
+        *budget, "trainer.max_tokens=100000", "trainer.max_time_minutes=30", "trainer.min_tokens_per_s=500"
+    )
+    assert time_guard_minutes(small) == 30  # 100K tokens at 500/s: 3.3 min, under the floor
+    large = compose_root(
+        *budget, "trainer.max_tokens=3000000", "trainer.max_time_minutes=30", "trainer.min_tokens_per_s=500"
+    )
+    assert time_guard_minutes(large) == pytest.approx(3_000_000 / 500 / 60)  # 100 min
+    assert "time guard 100 min: the tokens at 500 tokens/s" in describe_length(large)
+    fixed = compose_root(
+        *budget, "trainer.max_tokens=3000000", "trainer.max_time_minutes=30", "trainer.min_tokens_per_s=null"
+    )
+    assert time_guard_minutes(fixed) == 30
+    assert time_guard_minutes(compose_root("trainer.max_time_minutes=null", "trainer.min_tokens_per_s=500")) is None
+
+
+def test_the_default_runs_guard_outlasts_an_eightfold_slowdown():
+    root = compose_root()  # the README's run: its budget at an eighth of this machine's ~6,400 tokens/s fits
+    tokens = training_steps(root) * root.data.batch_size * root.data.seq_len
+    assert time_guard_minutes(root) * 60 > tokens / (6400 / 8)
+
+
+def test_a_run_the_guard_ends_says_so_and_resumes_to_its_budget(tmp_path):
+    """A guard far shorter than the run ends it early: the summary names the time guard and prints the
+    plain warning; the same command with ckpt_path=last gets a whole new guard and trains to the plan."""
+    common = [*FAST, "trainer.max_steps=400", "trainer.checkpoint_every_n_steps=5", f"output_root={tmp_path}", "name=g"]
+    cut = run_train(*common, "trainer.max_time_minutes=0.002", "trainer.min_tokens_per_s=null")
+    assert cut.returncode == 0, cut.stderr[-3000:]
+    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    assert summary["ended_by"] == "time_guard" and summary["steps"] < 400
+    assert "NOT THE BUDGETED RESULT: the time guard ended training" in cut.stdout
+    assert "stopped early by the time guard" in cut.stdout
+    done = run_train(*common, "trainer.max_time_minutes=30", "ckpt_path=last")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    assert summary["ended_by"] == "budget" and summary["steps"] == 400
+    assert "NOT THE BUDGETED RESULT" not in done.stdout
+
+
 @pytest.mark.parametrize(
     "overrides, key",
     [
@@ -53,6 +94,7 @@ def test_max_steps_wins_and_says_so():
         (["trainer.max_steps=null", "trainer.max_tokens=0"], "trainer.max_tokens"),
         (["trainer.max_steps=-3"], "trainer.max_steps"),
         (["trainer.max_time_minutes=0"], "trainer.max_time_minutes"),
+        (["trainer.min_tokens_per_s=-1"], "trainer.min_tokens_per_s"),
     ],
 )
 def test_bad_lengths_are_refused(overrides, key):
