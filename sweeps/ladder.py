@@ -38,17 +38,15 @@ import json
 import math
 import os
 import re
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
 import yaml
 
+from runtime.rate_probe import Rate, probe_rate
 from sweeps.ladder_rungs import Rung
 
 LADDERS = Path(__file__).resolve().parent / "ladders"
@@ -496,64 +494,12 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 # -- measuring and printing ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Rate:
-    """A rung's measured speed: steady-state training tokens/s per job, and the seconds each run spends
-    outside its steps (start-up, compilation, the first steps, validation, writing)."""
-
-    tokens_per_s: float
-    overhead_s: float
-
-    def seconds(self, tokens: float) -> float:
-        return self.overhead_s + tokens / self.tokens_per_s
-
-
-WARM_STEPS = 2  # steps left out of the steady-state rate: compilation and its recompiles land here
-
-
 def measure_rate(overrides: list[str], steps: int, jobs: int = 1) -> Rate:
-    """A composition's rate from throwaway runs of ``train.py``: ``jobs`` copies at once (as the ladder
-    will run them, each with its share of the cores), ``WARM_STEPS + steps`` steps each. The rate is the
-    median of the logged per-step tokens/s after the warm steps; the overhead is the rest of a run's
-    wall time."""
-    from runtime.json_records import read_json_lines
-    from sweeps.run import threads_per_job
-
-    env = {**os.environ, **threads_per_job(jobs, dict(os.environ))}
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = []
-        started = time.perf_counter()
-        for copy in range(jobs):
-            argv = [
-                sys.executable,
-                str(REPO / "train.py"),
-                *overrides,
-                f"trainer.max_steps={WARM_STEPS + steps}",
-                "trainer.max_time_minutes=null",
-                "trainer.log_every_n_steps=1",
-                "logger=csv",
-                "trainer.enable_progress_bar=false",
-                f"output_root={tmp}",
-                f"name=rate{copy}",
-            ]
-            procs.append(
-                subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            )
-        rates, walls = [], []
-        for copy, proc in enumerate(procs):
-            _, err = proc.communicate()
-            walls.append(time.perf_counter() - started)
-            if proc.returncode != 0:
-                tail = (err.strip().splitlines() or ["(no output)"])[-1]
-                raise LadderError(f"measuring the rate failed: {tail}")
-            rows = read_json_lines(Path(tmp) / f"rate{copy}" / "metrics.jsonl")
-            rates += [r["perf/tokens_per_s"] for r in rows if "perf/tokens_per_s" in r and r["step"] >= WARM_STEPS]
-            summary = json.loads((Path(tmp) / f"rate{copy}" / "summary.json").read_text())
-        if not rates:
-            raise LadderError("measuring the rate failed: no per-step tokens/s was logged")
-        rate = statistics.median(rates)
-        trained = summary["train_tokens"]
-        return Rate(rate, max(0.0, statistics.median(walls) - trained / rate))
+    """A rung's rate with ``jobs`` copies training at once, as the ladder will run them."""
+    try:
+        return probe_rate(overrides, steps, copies=jobs)
+    except RuntimeError as err:
+        raise LadderError(f"measuring the rate failed: {err}") from None
 
 
 def _fmt_seconds(s: float) -> str:

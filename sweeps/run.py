@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 
 from runtime import handoff
+from runtime.cpu_threads import threads_per_job
 from runtime.sweep_job import split_override
 
 STUDIES = Path(__file__).resolve().parent
@@ -152,15 +153,6 @@ def commands(
         ]
         out.append((point, argv))
     return out
-
-
-def threads_per_job(jobs: int, env: dict[str, str]) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` for each of ``jobs`` concurrent runs: the cores split between them, since
-    PyTorch's threads spin and slow down several-fold when more of them run than there are cores. A
-    thread count the caller set is kept."""
-    if jobs <= 1 or "OMP_NUM_THREADS" in env:
-        return {}
-    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
 
 
 def run_points(cmds: list[tuple[str, list[str]]], output_root: Path, env: dict[str, str], jobs: int = 1) -> list[str]:

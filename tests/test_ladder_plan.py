@@ -191,7 +191,7 @@ def test_the_time_estimate_schedules_phases_one_after_another():
 
 
 def test_concurrent_jobs_split_the_cores():
-    from sweeps.run import threads_per_job
+    from runtime.cpu_threads import threads_per_job
 
     assert threads_per_job(1, {}) == {}
     assert threads_per_job(2, {"OMP_NUM_THREADS": "3"}) == {}  # the caller's choice stands
