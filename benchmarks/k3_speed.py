@@ -17,6 +17,14 @@ per-head updates, the QB bias update), each from the same initial weights, timed
   islands (runtime/compile.py; the blocked expert products are traced into the layer's graph) -- what
   the trainer runs now.
 
+Beside them, in the same interleaved rounds, ``default fast``: the default model (the README's run: GQA,
+dense SiTU-GLU, BPE 8,192, batch 16 x 256) compiled as the trainer compiles it. Every path is reported in
+tokens/s, model FLOPs per second (the analytic training FLOPs per token of ``components/flop_count.py``,
+MTP included, times tokens/s) and MFU against this machine's bf16 matrix-product peak, measured in the
+same run (the best of square products of 1,024 to 2,048, before and after the rounds); the last line is
+k3_small's fast-path FLOP rate as a fraction of the default model's. ``--components`` adds where an eager
+step of k3_small spends its time (``benchmarks/component_times.py``).
+
 Then the loss curves: ``--curve-steps`` steps of the eager reference, of the fast path and of eager fp32
 from the same weights on the same corpus batches; the fast path's differences from the reference are
 printed beside the reference's own differences from fp32, the size of bf16 noise on this run.
@@ -42,6 +50,7 @@ PATHS = {
     "fast": ("layers", "bf16", []),
 }
 REFERENCE = "eager bf16"
+DEFAULT = "default fast"  # the default model, as the trainer runs it
 
 
 def corpus_batches(root, n: int, batch: int, seq: int) -> list[torch.Tensor]:
@@ -57,6 +66,21 @@ def corpus_batches(root, n: int, batch: int, seq: int) -> list[torch.Tensor]:
     return out
 
 
+def matmul_peak(seconds: float = 1.0) -> float:
+    """This machine's bf16 matrix-product rate in FLOP/s: the best of square products of 1,024 to 2,048."""
+    best = 0.0
+    for n in (1024, 1536, 2048):
+        a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
+        for _ in range(2):
+            a @ b
+        calls, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds / 3:
+            a @ b
+            calls += 1
+        best = max(best, 2 * n**3 * calls / (time.perf_counter() - t0))
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=32, help="sequences per step (k3_small's default 32)")
@@ -66,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--curve-steps", type=int, default=50, help="steps of the loss-curve comparison (0: skip)")
     ap.add_argument("--curve-batch", type=int, default=8)
     ap.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of: " + ", ".join(PATHS))
+    ap.add_argument("--no-default", action="store_true", help="leave out the default model's row")
+    ap.add_argument("--components", action="store_true", help="also the per-component table of an eager step")
     ap.add_argument("overrides", nargs="*", help="config overrides after experiment=k3_small")
     args = ap.parse_args(argv)
     overrides = ["experiment=k3_small", *args.overrides]
@@ -80,23 +106,60 @@ def main(argv: list[str] | None = None) -> int:
         "tokens; "
         f"{args.warmup} warmup + {args.rounds} timed steps each, interleaved"
     )
+    peak_before = matmul_peak()
     ids = corpus_batches(validate_overrides(list(overrides)), 1, args.batch, args.seq)[0]
-    steps = {}
+    steps, tokens, flops = {}, {}, {}
     for name in names:
         compile, precision, extra = PATHS[name]
-        _, step = train_setup(
+        model, step = train_setup(
             validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision
         )
         steps[name] = lambda s=step: s(ids)
+        tokens[name] = args.batch * args.seq
+        flops[name] = model.flops_per_token(args.seq)
+    if not args.no_default:
+        from components.model import build_on_meta
+        from runtime.compile import compile_mode
+
+        root = validate_overrides(list(args.overrides))
+        default_ids = corpus_batches(root, 1, root.data.batch_size, root.data.seq_len)[0]
+        # what the trainer runs: one graph for the default model
+        mode = compile_mode(root.trainer, build_on_meta(root.decoder_config()))
+        model, step = train_setup(validate_overrides(list(args.overrides)), torch.device("cpu"), mode, precision="bf16")
+        steps[DEFAULT] = lambda s=step: s(default_ids)
+        tokens[DEFAULT] = root.data.batch_size * root.data.seq_len
+        flops[DEFAULT] = model.flops_per_token(root.data.seq_len)
     t0 = time.perf_counter()
     sec = medians(time_interleaved(steps, args.rounds, warmup=args.warmup))
-    tokens = args.batch * args.seq
+    peak = max(peak_before, matmul_peak())
     ref = sec.get(REFERENCE)
-    print(f"{'path':12s} {'s/step':>8s} {'tokens/s':>9s} {'vs ' + REFERENCE:>14s}")
-    for name in names:
-        ratio = f"{ref / sec[name]:.2f}x" if ref else "-"
-        print(f"{name:12s} {sec[name]:8.3f} {tokens / sec[name]:9,.0f} {ratio:>14s}")
+    print(f"bf16 matrix-product peak of this machine: {peak / 1e9:,.0f} GFLOP/s")
+    print(
+        f"{'path':13s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/tok':>10s} {'GFLOP/s':>8s} {'MFU':>6s} "
+        f"{'vs ' + REFERENCE:>14s}"
+    )
+    for name in steps:
+        rate = tokens[name] / sec[name]
+        ratio = f"{ref / sec[name]:.2f}x" if ref and name in PATHS else "-"
+        print(
+            f"{name:13s} {sec[name]:8.3f} {rate:9,.0f} {flops[name] / 1e9:10.4f} {rate * flops[name] / 1e9:8.1f} "
+            f"{rate * flops[name] / peak:6.1%} {ratio:>14s}"
+        )
+    if "fast" in steps and DEFAULT in steps:
+        share = (tokens["fast"] / sec["fast"] * flops["fast"]) / (tokens[DEFAULT] / sec[DEFAULT] * flops[DEFAULT])
+        print(f"k3_small fast path: {share:.0%} of the default model's FLOP rate")
     print(f"(measured in {time.perf_counter() - t0:.0f} s, compilation included)")
+
+    if args.components:
+        from benchmarks.component_times import component_times, print_table
+
+        compile, precision, extra = PATHS["eager auto"]
+        model, step = train_setup(
+            validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision
+        )
+        print("\nwhere an eager bf16 step of k3_small spends its time (exclusive, ms per step):")
+        rows, total = component_times(model, step, ids)
+        print_table(rows, total, args.batch * args.seq)
 
     if args.curve_steps > 0:
         batches = corpus_batches(validate_overrides(list(overrides)), args.curve_steps, args.curve_batch, args.seq)

@@ -16,6 +16,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from components.activation_probe import largest_activations
 from components.balancers.load_stats import bias_rank_divergence, find_routers
 from components.data.base import TokenDataset
 from components.distributed import world_size
@@ -211,7 +212,12 @@ class LanguageModelModule(L.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
-        logits = self.model.lm_head(self._hidden_states(x, self._segments(x)))
+        segments = self._segments(x)
+        if batch_idx == 0:
+            # the largest GLU intermediate and FFN output on the first validation batch: the stability
+            # metric of SiTU-GLU's softcaps (an eager pass of one batch; the ladder's max_activation)
+            self._activations = largest_activations(self.model, x, segments)
+        logits = self.model.lm_head(self._hidden_states(x, segments))
         token_loss = token_losses(logits, y)  # [B, T]
         for k, v in self.dataset.metric_sums(logits, y, token_loss, batch_idx).items():
             v = v.detach().double()
@@ -225,6 +231,8 @@ class LanguageModelModule(L.LightningModule):
         stacked = self.trainer.strategy.reduce(stacked, reduce_op="sum")
         metrics = self.dataset.finish_metrics({k: float(v) for k, v in zip(keys, stacked)})
         self.last_val_metrics = {k: float(v) for k, v in metrics.items()}
+        for k, v in getattr(self, "_activations", {}).items():
+            self.log(f"act/{k}", v, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
         for k, v in self.last_val_metrics.items():
             self.log(
                 f"val/{k}",

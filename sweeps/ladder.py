@@ -463,13 +463,15 @@ SPIKE_FACTOR = 3.0  # a logged gradient norm above this many times the run's med
 
 def stability_metrics(run_dir: str) -> dict[str, Any]:
     """The stability columns of a run's row, from its ``metrics.jsonl``: ``maxvio`` (the last logged
-    mean MaxVio over routed layers; empty without routed layers) and ``grad_norm_spikes`` (logged
-    gradient norms after the first tenth of the run above ``SPIKE_FACTOR`` x the run's median)."""
+    mean MaxVio over routed layers; empty without routed layers), ``grad_norm_spikes`` (logged
+    gradient norms after the first tenth of the run above ``SPIKE_FACTOR`` x the run's median) and
+    ``max_activation`` (the largest GLU intermediate at the last validation, ``act/glu_max``)."""
     from runtime.json_records import read_json_lines
 
     path = Path(run_dir) / "metrics.jsonl"
     records = read_json_lines(path) if path.is_file() else []
     maxvio = [r["maxvio/mean"] for r in records if isinstance(r.get("maxvio/mean"), (int, float))]
+    activation = [r["act/glu_max"] for r in records if isinstance(r.get("act/glu_max"), (int, float))]
     norms = [
         (r.get("step", 0), r["train/grad_norm"]) for r in records if isinstance(r.get("train/grad_norm"), (int, float))
     ]
@@ -479,15 +481,19 @@ def stability_metrics(run_dir: str) -> dict[str, Any]:
         kept = [n for step, n in norms if step >= last / 10]
         median = sorted(kept)[len(kept) // 2]
         spikes = sum(n > SPIKE_FACTOR * median for n in kept)
-    return {"maxvio": maxvio[-1] if maxvio else "", "grad_norm_spikes": spikes}
+    return {
+        "maxvio": maxvio[-1] if maxvio else "",
+        "grad_norm_spikes": spikes,
+        "max_activation": activation[-1] if activation else "",
+    }
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    from analysis.ladder import REQUIRED  # the table's schema is the report's
+    from analysis.ladder import REQUIRED, STABILITY  # the table's schema is the report's
 
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*REQUIRED, "tokens_per_param", "lr_edge", "maxvio", "grad_norm_spikes"])
+        writer = csv.DictWriter(f, fieldnames=[*REQUIRED, "tokens_per_param", "lr_edge", *STABILITY])
         writer.writeheader()
         writer.writerows(rows)
     os.replace(tmp, path)

@@ -84,6 +84,7 @@ def _python(copy: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=copy, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_one_module_and_one_yaml_add_a_dataset(tmp_path):
     docs = _documents(tmp_path / "docs.jsonl")
     new_files = {

@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import run_train
 from tests.test_new_component import _tree_hashes, repository_copy_with
 
@@ -71,6 +73,7 @@ NEW_FILES = {
 }
 
 
+@pytest.mark.slow
 def test_one_module_and_one_yaml_add_an_optimizer(tmp_path):
     copy, before = repository_copy_with(tmp_path, NEW_FILES)
 

@@ -77,6 +77,7 @@ def offline_run(tmp_path_factory):
     return info, history
 
 
+@pytest.mark.slow
 def test_compare_reads_an_online_group_like_a_sweep_folder(offline_run, tmp_path):
     info, history = offline_run
     assert {"params", "active_params", "tokens_per_s", "steps"} <= set(

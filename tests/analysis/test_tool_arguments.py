@@ -77,8 +77,9 @@ def _harness(tmp_path, *argv) -> tuple[int, str]:
     "model_args, message",
     [
         ("max_length=abc", "--model_args max_length=abc: not a whole number"),
-        ("max_length=0", "--model_args max_length=0: must be >= 1"),
-        ("batch_size=x", "--model_args batch_size=x: not a whole number"),
+        # each case starts the harness (about 10 s): the other two run with -m slow
+        pytest.param("max_length=0", "--model_args max_length=0: must be >= 1", marks=pytest.mark.slow),
+        pytest.param("batch_size=x", "--model_args batch_size=x: not a whole number", marks=pytest.mark.slow),
     ],
 )
 def test_harness_refuses_a_bad_model_argument_naming_it(tmp_path, model_args, message):

@@ -72,6 +72,7 @@ def k3_full_entries():
     return _k3_full_entries()
 
 
+@pytest.mark.slow
 def test_full_k3_index_passes_quickly(k3_full_entries, tmp_path, capsys):
     _write_index(tmp_path, k3_full_entries)
     t0 = time.perf_counter()

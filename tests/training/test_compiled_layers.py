@@ -51,6 +51,7 @@ def test_layer_compiled_k3_matches_eager(backend):
         torch.testing.assert_close(runs["layers"][1][name], ref, atol=1e-5, rtol=1e-3, msg=name)
 
 
+@pytest.mark.slow
 def test_kda_short_convolution_compiled_form_equals_conv1d():
     """Inside a compiled layer the causal depthwise convolution is written as shifted multiply-adds; it must
     equal the conv1d form, with and without a cached prefix, and pass the same cache on."""

@@ -29,6 +29,7 @@ FSDP2 = [
 ]
 
 
+@pytest.mark.slow
 def test_fsdp2_trains_resumes_from_its_sharded_checkpoint_and_refuses_a_truncated_shard(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     straight = subprocess.Popen(

@@ -7,6 +7,7 @@ import json
 import math
 import re
 
+import pytest
 import torch
 
 from runtime.checkpoint_io import load_checkpoint_file
@@ -101,6 +102,7 @@ def test_wandb_logging_failure_mid_run_switches_wandb_off(monkeypatch, capsys):
     assert "W&B logging failed (ConnectionError: server went away)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_wandb_run(tmp_path):
     """A killed run resumed with ckpt_path=last logs into the same W&B run id (offline: a second
     directory of the same run, which `wandb sync` uploads as one run)."""

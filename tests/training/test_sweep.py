@@ -8,12 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from runtime.jsonl_logger import read_metrics
 from runtime.sweep_job import read_index
 from tests.helpers import run_train
 from tests.training.test_train import FAST
 
 
+@pytest.mark.slow
 def test_two_by_two_multirun_groups_tags_and_indexes(tmp_path):
     result = run_train(
         "-m",

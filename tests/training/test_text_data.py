@@ -151,6 +151,7 @@ def _only(root: Path) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_mixture_resumes_exactly_and_logs_per_source_metrics(folders, tmp_path):
     """A mixture run killed mid-run and resumed logs the uninterrupted run's losses; validation reports
     loss and bits per byte per source and overall, in metrics.jsonl and in the W&B run."""

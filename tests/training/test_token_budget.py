@@ -73,17 +73,17 @@ def test_the_default_runs_guard_outlasts_an_eightfold_slowdown():
 def test_a_run_the_guard_ends_says_so_and_resumes_to_its_budget(tmp_path):
     """A guard far shorter than the run ends it early: the summary names the time guard and prints the
     plain warning; the same command with ckpt_path=last gets a whole new guard and trains to the plan."""
-    common = [*FAST, "trainer.max_steps=400", "trainer.checkpoint_every_n_steps=5", f"output_root={tmp_path}", "name=g"]
+    common = [*FAST, "trainer.max_steps=120", "trainer.checkpoint_every_n_steps=5", f"output_root={tmp_path}", "name=g"]
     cut = run_train(*common, "trainer.max_time_minutes=0.002", "trainer.min_tokens_per_s=null")
     assert cut.returncode == 0, cut.stderr[-3000:]
     summary = json.loads((tmp_path / "g" / "summary.json").read_text())
-    assert summary["ended_by"] == "time_guard" and summary["steps"] < 400
+    assert summary["ended_by"] == "time_guard" and summary["steps"] < 120
     assert "NOT THE BUDGETED RESULT: the time guard ended training" in cut.stdout
     assert "stopped early by the time guard" in cut.stdout
     done = run_train(*common, "trainer.max_time_minutes=30", "ckpt_path=last")
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "g" / "summary.json").read_text())
-    assert summary["ended_by"] == "budget" and summary["steps"] == 400
+    assert summary["ended_by"] == "budget" and summary["steps"] == 120
     assert "NOT THE BUDGETED RESULT" not in done.stdout
 
 

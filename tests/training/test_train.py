@@ -50,6 +50,9 @@ def test_short_run_writes_metrics_checkpoints_and_summary(tmp_path):
     keys = set().union(*records)
     for key in ("train/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu", "val/loss", "val/bpb"):
         assert key in keys, key
+    # the largest activations at each validation (the ladder's max_activation), once per validation
+    act = [r["act/glu_max"] for r in records if "act/glu_max" in r]
+    assert len(act) == sum("val/loss" in r for r in records) >= 2 and all(v > 0 for v in act), act
     assert (run_dir / "checkpoints" / "last.ckpt").exists() and (run_dir / "checkpoints" / "step=6.ckpt").exists()
     assert "xz-9e" in result.stdout and "bpb" in result.stdout
 
