@@ -198,3 +198,21 @@ def test_concurrent_jobs_split_the_cores():
     assert threads_per_job(1, {}) == {}
     assert threads_per_job(2, {"OMP_NUM_THREADS": "3"}) == {}  # the caller's choice stands
     assert threads_per_job(2, {}) == {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2))}
+
+
+def test_wide_rungs_add_heads_of_k3s_width_instead_of_widening_them():
+    """Up to d 512 a rung has 4 heads of d/4 (k3_small's shape); wider ones have heads of K3's 128 (RoPE
+    64), so KDA stays within fla's head-width limit, with heads x width = d and the same parameters."""
+    assert (Rung(256, 8).n_heads, Rung(256, 8).head_dim) == (4, 64)
+    assert (Rung(512, 8).n_heads, Rung(512, 8).head_dim) == (4, 128)
+    wide = dict(o.split("=", 1) for o in Rung(1536, 20).overrides())
+    assert (wide["mixer.n_heads"], wide["mixer.head_dim"]) == ("12", "128")
+    assert (wide["mixers.mla.n_heads"], wide["mixers.mla.qk_rope_head_dim"], wide["mixers.mla.v_head_dim"]) == (
+        "12",
+        "64",
+        "128",
+    )
+    for rung in ladder.load_preset("gpu").rungs:
+        assert rung.n_heads * rung.head_dim == rung.d_model and rung.head_dim <= 128
+    with pytest.raises(ValueError, match="multiple of 128"):
+        Rung(1040, 8).check()
