@@ -337,7 +337,7 @@ def markdown_report(decision: str, metric: str, cells: list[dict], comparison: C
     for name, f in s["fits"].items():
         if f["status"] == "ok":
             params = ", ".join(f"{p}={_g(f[p])}" for p in scaling_fit.MODELS[f["model"]])
-            rows.append([name, "ok", params])
+            rows.append([name, "ok", params + (f" ({f['note']})" if f.get("note") else "")])
         else:
             rows.append([name, "failed", f["reason"]])
     parts.append("\n" + _table(["fit", "status", "parameters (A at c_ref)"], rows))

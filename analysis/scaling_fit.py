@@ -132,6 +132,7 @@ class Fit:
     objective: float = float("nan")
     n_points: int = 0
     alternatives: tuple = ()  # the next-best distinct optima: warm starts for bootstrap refits
+    note: str = ""  # a boundary solution that is still a fit (E at its lower bound: a pure power law)
 
     @property
     def ok(self) -> bool:
@@ -162,6 +163,8 @@ class Fit:
         out: dict[str, Any] = {"model": self.model, "status": self.status, "points": self.n_points}
         if self.ok:
             out.update(self.params(), c_ref=self.c_ref, huber_objective=self.objective)
+            if self.note:
+                out["note"] = self.note
         else:
             out["reason"] = self.reason
         return out
@@ -259,16 +262,27 @@ PARAMETER_NAMES = {
     "free": ("log E", "log A of the baseline", "alpha of the baseline", "log A of the variant", "alpha of the variant"),
 }
 BOUND_HINTS = {
-    ("log E", "lower"): " (no saturation: the points fit a pure power law)",
     ("log E", "upper"): " (E reaches the largest loss)",
     ("log A", "lower"): " (no reducible loss: the loss does not fall with compute)",
 }
+# E at its lower bound (10 e-folds below the smallest loss) is the boundary E = 0 of a loss that cannot go
+# below zero: the points show no saturation and follow a pure power law, ``L = A C^-alpha``. That is a fit
+# (its predictions, k and exponents are those of the pure law; L-BFGS-B's projected gradient is zero
+# there), noted rather than failed; young models far from their irreducible loss land here.
+PURE_POWER_LAW = "E at its lower bound, about 0: no saturation in the measured range, a pure power law"
+
+
+def _pure_power_law(model: str, theta, bounds) -> bool:
+    lo, hi = bounds[0]
+    return theta[0] - lo <= 1e-6 * (hi - lo)
 
 
 def _at_bound(model: str, theta, bounds) -> Optional[str]:
-    """Which parameter ended at its bound (the first), or None."""
-    for name, value, (lo, hi) in zip(PARAMETER_NAMES[model], theta, bounds):
+    """Which parameter ended at its bound (the first; E's lower bound is a fit, see PURE_POWER_LAW), or None."""
+    for j, (name, value, (lo, hi)) in enumerate(zip(PARAMETER_NAMES[model], theta, bounds)):
         tol = 1e-6 * (hi - lo)
+        if j == 0 and value - lo <= tol:
+            continue
         if value - lo <= tol or hi - value <= tol:
             side = "lower" if value - lo <= tol else "upper"
             hint = BOUND_HINTS.get((name.split(" of ")[0], side), "")
@@ -348,7 +362,10 @@ def fit(
     common = dict(c_ref=c_ref, n_points=len(x))
     if best.problem is not None:
         return Fit(model, "failed", best.problem, **common)
-    return Fit(model, "ok", "", best.x, objective=float(best.fun), alternatives=tuple(alternatives), **common)
+    note = PURE_POWER_LAW if _pure_power_law(model, best.x, bounds) else ""
+    return Fit(
+        model, "ok", "", best.x, objective=float(best.fun), alternatives=tuple(alternatives), note=note, **common
+    )
 
 
 def _failure(model: str, res, bounds) -> Optional[str]:

@@ -383,13 +383,34 @@ def _val_loss(summary: dict[str, Any]) -> float:
     return float(summary["val"]["loss"])
 
 
+def best_log_lr(trials: list[tuple[float, float]]) -> float:
+    """The best log learning rate of a sweep's ``(log lr, loss)`` trials: the vertex of the parabola
+    through the best trial and its two neighbours, kept between those neighbours (a sweep of factors 2
+    apart would otherwise round the optimum to a factor of 2, and two rungs whose optima differ by less
+    would look equal: a rate fitted flat across sizes). At an edge of the sweep, or where the three do not
+    bend upwards, the best trial itself."""
+    ordered = sorted(trials)
+    losses = [loss if math.isfinite(loss) else math.inf for _, loss in ordered]
+    i = min(range(len(ordered)), key=lambda j: (losses[j], j))
+    if i == 0 or i == len(ordered) - 1 or not math.isfinite(losses[i - 1] + losses[i + 1]):
+        return ordered[i][0]
+    (x0, y0), (x1, y1), (x2, y2) = ordered[i - 1], ordered[i], ordered[i + 1]
+    # the parabola's vertex through three points (Newton's divided differences)
+    d01, d12 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
+    curvature = (d12 - d01) / (x2 - x0)
+    if curvature <= 0:
+        return x1
+    vertex = 0.5 * (x0 + x1) - d01 / (2 * curvature)
+    return min(max(vertex, x0), x2)
+
+
 def choose_learning_rates(
     runs: list[LadderRun], summaries: dict[str, dict[str, Any]], preset: Preset
 ) -> dict[str, tuple[dict[str, float], dict[str, str]]]:
     """Per arm: ({rung name: learning rate}, {swept rung name: "low" / "high" where its best rate sat at
-    that edge of the sweep, else ""}). The best
-    rate at each swept rung is fitted as ``log lr = a + b log N`` (N active parameters) and applied to
-    every rung."""
+    that edge of the sweep, else ""}). The best rate at each swept rung (``best_log_lr``: between sweep
+    points where the losses bend) is fitted as ``log lr = a + b log N`` (N active parameters) and applied
+    to every rung."""
     out = {}
     for arm in ARMS:
         swept = {}
@@ -401,7 +422,8 @@ def choose_learning_rates(
             loss, factor, run = min(trials, key=lambda t: (t[0], t[1]))
             if not math.isfinite(loss):
                 raise LadderError(f"{arm} at {rung_name}: every learning rate of the sweep diverged")
-            points.append((math.log(run.size.active_params), math.log(preset.lr_base * factor)))
+            log_lr = best_log_lr([(math.log(preset.lr_base * f), loss) for loss, f, _ in trials])
+            points.append((math.log(run.size.active_params), log_lr))
             edges[rung_name] = ""  # inside the sweep, or the edge it sits at (analysis.ladder flags it)
             if len(preset.lr_factors) > 1 and factor == preset.lr_factors[0]:
                 edges[rung_name] = "low"
@@ -589,6 +611,42 @@ def _launch(
     return summaries
 
 
+def _trained_lr(folder: Path) -> Optional[float]:
+    """The learning rate a run folder was trained at (its composed config), if it records one."""
+    try:
+        return float(yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())["optimizer"]["lr"])
+    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
+        return None
+
+
+def set_aside_stale_runs(runs: list[LadderRun], runs_dir: Path) -> list[Path]:
+    """Move aside the folders of stable and branch runs trained (or begun) at another learning rate than
+    the one chosen now, so they are trained again instead of being taken as finished or resumed: a
+    changed rate rule, or learning-rate runs that changed, would otherwise leave old rates in the table.
+    A folder moves to ``stale/<folder>-lr<rate>`` in the runs folder, never deleted. Returns the new paths."""
+    moved = []
+    for run in runs:
+        if run.phase == "lr" or run.lr is None:
+            continue
+        planned = float(f"{run.lr:.6g}")  # as run_overrides passes it
+        for folder in [runs_dir / run.name, *sorted(runs_dir.glob(f"{glob.escape(run.name)}-[0-9]*"))]:
+            trained = _trained_lr(folder)
+            if trained is None or math.isclose(trained, planned, rel_tol=1e-5):
+                continue
+            target = runs_dir / "stale" / f"{folder.name}-lr{trained:.6g}"
+            n = 1
+            while target.exists():
+                n += 1
+                target = runs_dir / "stale" / f"{folder.name}-lr{trained:.6g}-{n}"
+            target.parent.mkdir(exist_ok=True)
+            folder.rename(target)
+            print(
+                f"{folder.name}: trained at lr {trained:.6g}, the ladder now chooses {planned:.6g}: moved to {target}"
+            )
+            moved.append(target)
+    return moved
+
+
 def _hold_runs_folder(runs_dir: Path):
     """An exclusive lock on a preset's runs folder for the ladder's lifetime: two ladders sharing an arm
     would otherwise train the same run into the same folder at once."""
@@ -626,6 +684,7 @@ def run_ladder(
     (folder / "learning_rates.json").write_text(
         json.dumps({arm: {"lr": rates, "edge": edges} for arm, (rates, edges) in chosen.items()}, indent=1)
     )
+    set_aside_stale_runs(runs, runs_dir)
     stable = [r for r in runs if r.phase == "stable"]
     summaries.update(_launch(stable, arms, preset, extra, runs_dir, jobs))
     branches = [r for r in runs if r.phase == "branch"]

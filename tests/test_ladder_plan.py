@@ -216,3 +216,51 @@ def test_wide_rungs_add_heads_of_k3s_width_instead_of_widening_them():
         assert rung.n_heads * rung.head_dim == rung.d_model and rung.head_dim <= 128
     with pytest.raises(ValueError, match="multiple of 128"):
         Rung(1040, 8).check()
+
+
+def test_the_best_rate_lies_between_sweep_points_where_the_losses_bend():
+    """A sweep 2x apart: the parabola through the best trial and its neighbours finds an optimum between
+    them (exact for losses quadratic in log lr), not the nearest sweep point; edges keep the edge."""
+    factors = [0.5, 1.0, 2.0, 4.0, 8.0]
+    for best in (1.5, 2.0, 2.9):
+        trials = [(math.log(f), 2.0 + math.log(f / best) ** 2) for f in factors]
+        assert ladder.best_log_lr(trials) == pytest.approx(math.log(best))
+    rising = [(math.log(f), 2.0 + f) for f in factors]
+    assert ladder.best_log_lr(rising) == math.log(0.5)  # the low edge stays the low edge
+    diverged = [(math.log(f), loss) for f, loss in zip(factors, [3.0, 2.5, 2.4, float("nan"), float("nan")])]
+    assert ladder.best_log_lr(diverged) == math.log(2.0)  # no finite neighbour above: the trial itself
+    assert ladder.best_log_lr(list(reversed(trials))) == ladder.best_log_lr(trials)  # order does not matter
+
+
+def test_two_rungs_whose_optima_differ_by_less_than_a_sweep_step_still_give_a_slope():
+    p = ladder.load_preset("cpu")
+    d = ladder.load_decision("block_attnres")
+    runs = ladder.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder.ARMS})
+    swept = p.rungs[: p.lr_sweep_rungs]
+    best = {swept[0].name: 2.8, swept[1].name: 1.6}  # both nearest to the factor 2 sweep point
+    chosen = ladder.choose_learning_rates(runs, _fake_lr_summaries(runs, best, p), p)
+    rates, _ = chosen["variant"]
+    assert rates[swept[0].name] == pytest.approx(p.lr_base * 2.8)
+    assert rates[swept[1].name] == pytest.approx(p.lr_base * 1.6)
+
+
+def test_runs_trained_at_another_rate_are_set_aside_not_reused(tmp_path, capsys):
+    """A stable run finished at a rate the ladder no longer chooses (and a resumable copy of it) is
+    renamed aside, so it is trained again; a run at the chosen rate stays."""
+    p = ladder.load_preset("cpu")
+    d = ladder.load_decision("block_attnres")
+    runs = [r for r in ladder.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder.ARMS}) if r.phase != "lr"]
+    for run in runs:
+        run.lr = 0.0123456789
+    kept, stale = runs[0], runs[1]
+    for name, lr in [(kept.name, 0.0123457), (stale.name, 0.024), (f"{stale.name}-2", 0.024)]:
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "config.yaml").write_text(f"optimizer:\n  lr: {lr}\n")
+        (tmp_path / name / "summary.json").write_text(json.dumps({"steps": 5, "planned_steps": 5}))
+    moved = ladder.set_aside_stale_runs(runs, tmp_path)
+    assert sorted(m.name for m in moved) == [f"{stale.name}-2-lr0.024", f"{stale.name}-lr0.024"]
+    assert all(m.parent == tmp_path / "stale" for m in moved)
+    assert (tmp_path / kept.name).is_dir() and not (tmp_path / stale.name).exists()
+    assert ladder.finished_summary(tmp_path, stale.name) is None and ladder.finished_summary(tmp_path, kept.name)
+    assert "the ladder now chooses 0.0123457" in capsys.readouterr().out
+    assert ladder.set_aside_stale_runs(runs, tmp_path) == []  # idempotent
