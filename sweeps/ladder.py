@@ -480,6 +480,8 @@ def ladder_rows(
     return rows
 
 
+# the balancers' mean MaxVio as a run logs it (runtime/lit_module.py logs balancer metrics as balance/<key>)
+MAXVIO_KEY = "balance/maxvio/mean"
 SPIKE_FACTOR = 3.0  # a logged gradient norm above this many times the run's median counts as a spike
 
 
@@ -492,7 +494,7 @@ def stability_metrics(run_dir: str) -> dict[str, Any]:
 
     path = Path(run_dir) / "metrics.jsonl"
     records = read_json_lines(path) if path.is_file() else []
-    maxvio = [r["maxvio/mean"] for r in records if isinstance(r.get("maxvio/mean"), (int, float))]
+    maxvio = [r[MAXVIO_KEY] for r in records if isinstance(r.get(MAXVIO_KEY), (int, float))]
     activation = [r["act/glu_max"] for r in records if isinstance(r.get("act/glu_max"), (int, float))]
     norms = [
         (r.get("step", 0), r["train/grad_norm"]) for r in records if isinstance(r.get("train/grad_norm"), (int, float))

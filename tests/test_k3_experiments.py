@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from runtime.jsonl_logger import read_metrics
 from runtime.launch import compose, strip_hydra
+from sweeps.ladder import stability_metrics
 from tests.helpers import compose_root, run_train
 
 
@@ -94,6 +95,10 @@ def test_k3_tiny_trains_with_maxvio_and_depth_weights(tmp_path):
     (run_dir,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
     rows = read_metrics(str(run_dir / "metrics.jsonl"))
     assert sum("balance/maxvio/mean" in r for r in rows) == 6
+    # the ladder's stability columns read this run's metrics as logged (a key the ladder guessed wrong
+    # once left its maxvio column empty)
+    columns = stability_metrics(str(run_dir))
+    assert isinstance(columns["maxvio"], float) and isinstance(columns["max_activation"], float), columns
     assert any(k.startswith("depth/") for r in rows for k in r)
     assert json.loads((run_dir / "depth_weights.json").read_text())[-1]["step"] == 6
 

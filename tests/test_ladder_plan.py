@@ -140,7 +140,7 @@ def test_stability_columns_come_from_the_runs_metrics(tmp_path):
     lines = [{"step": s, "train/grad_norm": 1.0 + 0.01 * (s % 3)} for s in range(0, 100, 2)]
     lines[30]["train/grad_norm"] = 5.0  # one spike after the first tenth
     lines[1]["train/grad_norm"] = 50.0  # early, during warmup: not counted
-    lines += [{"step": 90, "maxvio/mean": 0.4}, {"step": 98, "maxvio/mean": 0.25}]
+    lines += [{"step": 90, ladder.MAXVIO_KEY: 0.4}, {"step": 98, ladder.MAXVIO_KEY: 0.25}]
     lines += [{"step": 50, "act/glu_max": 80.0}, {"step": 99, "act/glu_max": 61.5}, '{"step": 99, "train/gr']
     (tmp_path / "metrics.jsonl").write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines))
     assert ladder.stability_metrics(str(tmp_path)) == {"maxvio": 0.25, "grad_norm_spikes": 1, "max_activation": 61.5}
