@@ -213,6 +213,13 @@ def _g(v: Optional[float], digits: int = 4) -> str:
     return f"{v:.{digits}g}"
 
 
+def _verdict_text(e: dict[str, Any]) -> str:
+    """An estimate's verdict, or why it has none."""
+    if e.get("verdict"):
+        return e["verdict"]
+    return f"no verdict ({e['verdict_withheld']})" if e.get("verdict_withheld") else "no verdict"
+
+
 def _signed(v: Optional[float], decimals: int = 4) -> str:
     return "—" if v is None else f"{v:+.{decimals}f}"
 
@@ -327,12 +334,8 @@ def markdown_report(decision: str, metric: str, cells: list[dict], comparison: C
 
     parts.append("\n## Fits\n")
     k, da = s["k"], s["exponent_difference"]
-    parts.append(
-        f"- compute multiplier `k` (shared exponent and E): {_estimate(k)}: **{k['verdict'] or 'no verdict'}**\n"
-    )
-    parts.append(
-        f"- exponent difference (variant - baseline, shared E): {_estimate(da, 3)}: {da['verdict'] or 'no verdict'}\n"
-    )
+    parts.append(f"- compute multiplier `k` (shared exponent and E): {_estimate(k)}: **{_verdict_text(k)}**\n")
+    parts.append(f"- exponent difference (variant - baseline, shared E): {_estimate(da, 3)}: {_verdict_text(da)}\n")
     rows = []
     for name, f in s["fits"].items():
         if f["status"] == "ok":
@@ -344,17 +347,23 @@ def markdown_report(decision: str, metric: str, cells: list[dict], comparison: C
 
     parts.append("\n## Rollout check\n")
     ro = s["rollout"]
-    parts.append(f"Fitted without the largest rung ({ro['held_out_rung']}), which is then predicted.\n\n")
+    parts.append(
+        f"Fitted without the largest rung ({ro['held_out_rung']}), which is then predicted. A fit misses when "
+        f"the {ro.get('confidence', scaling_fit.ROLLOUT_CONFIDENCE):.0%} bootstrap interval of an arm's error "
+        "(seeds resampled, the smaller rungs refitted) excludes zero: its statistics keep their numbers but "
+        "call no sign.\n\n"
+    )
     rows = []
     for model in ("shared", "free"):
         entry = ro[model]
         if entry["status"] != "ok":
-            rows.append([model, "—", "—", "—", "—", "—", entry["reason"]])
+            rows.append([model, "—", "—", "—", "—", "—", "—", "—", entry["reason"]])
             continue
+        check = {True: "**misses**", False: "passes", None: "no bootstrap"}[entry.get("misses")]
         for arm in ARMS:
             if arm in entry:
                 e = entry[arm]
-                ratio = _g(e["error_in_spreads"], 2)
+                lo_hi = e.get("error_interval")
                 rows.append(
                     [
                         model,
@@ -362,11 +371,14 @@ def markdown_report(decision: str, metric: str, cells: list[dict], comparison: C
                         f"{e['predicted']:.4f}",
                         f"{e['observed']:.4f}",
                         _signed(e["error"]),
+                        f"[{_signed(lo_hi[0])}, {_signed(lo_hi[1])}]" if lo_hi else "—",
                         _g(e["seed_spread"], 2),
-                        ratio,
+                        _g(e["error_in_spreads"], 2),
+                        check,
                     ]
                 )
-    parts.append(_table(["fit", "arm", "predicted", "observed", "error", "seed sd", "|error| / sd"], rows))
+    header = ["fit", "arm", "predicted", "observed", "error", "error interval", "seed sd", "|error| / sd"]
+    parts.append(_table(header + ["check"], rows))
 
     parts.append("\n## A/A null\n")
     aa = s["aa"]
@@ -676,7 +688,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.seed,
     )
     k = result["comparison"].k
-    headline = f"k = {k.estimate:.4g} [{_g(k.lower)}, {_g(k.upper)}]: {k.verdict}" if k.status == "ok" else k.reason
+    verdict = _verdict_text(k.summary())
+    headline = f"k = {k.estimate:.4g} [{_g(k.lower)}, {_g(k.upper)}]: {verdict}" if k.status == "ok" else k.reason
     print(headline)
     print("wrote " + ", ".join(result["written"]))
     return 0

@@ -37,7 +37,11 @@ widened by ``t_df / z`` (``t_widening``): the bootstrap treats the seed spread a
 per cell estimate it from few degrees of freedom (``df``: one per paired rung and extra seed, or
 ``N - p`` for resampled residuals), and at 5 rungs x 2 seeds the bare percentile interval covers the
 true ``k`` about 85% of the time at a nominal 90% (docs/ladder.md has the measurements). A ``verdict``
-names a sign only where the interval excludes the null (``k = 1``, a zero gap or exponent difference).
+names a sign only where the interval excludes the null (``k = 1``, a zero gap or exponent difference),
+and, for a fitted statistic, only where its fit passes the rollout check: fitted without the largest rung,
+it predicts that rung's loss with an error whose bootstrap interval (at ``ROLLOUT_CONFIDENCE``) covers
+zero. A fit that misses keeps its numbers and intervals (they measure the noise, not the misfit) and
+says which verdict it withholds and why.
 Bootstrap refits start from the full data's optimum (then its next-best optima) and keep the first that
 converges; an interval whose refits fail more than 10% of the time is itself reported as failed.
 """
@@ -70,6 +74,10 @@ E_FRACTION_STARTS = (0.05, 0.5, 0.9)
 ALPHA_BOUNDS = (0.005, 3.0)
 LOG_K_BOUND = math.log(1e4)
 MAX_FAILED_REPLICATES = 0.1  # an interval needs at least 90% of its bootstrap refits to converge
+# The rollout check's confidence: a fit misses when its error at the held-out largest rung, bootstrapped
+# (seeds resampled, the smaller rungs refitted), excludes zero at this level for either arm -- 99% so that a
+# fit of the right form is flagged about 2% of the time over the two arms
+ROLLOUT_CONFIDENCE = 0.99
 
 
 # -- the fits ------------------------------------------------------------------------------------------
@@ -845,32 +853,74 @@ def _band(values: np.ndarray, confidence: float, widen: float) -> np.ndarray:
     return np.array([mid - widen * (mid - lo), mid + widen * (hi - mid)])
 
 
-def _rollout(ladder: Ladder) -> dict[str, Any]:
-    """Fit all but the largest rung, predict the largest rung's loss per arm, compare to its seeds."""
+def _rollout_fits(ladder: Ladder) -> tuple[str, Ladder, dict[str, Fit]]:
+    """The rollout check's fits: every model fitted without the largest rung."""
     held = ladder.rungs[-1]
-    out: dict[str, Any] = {"held_out_rung": held}
     rest = ladder.without(held)
-    for model in ("shared", "free"):
-        f = fit(rest.points(), model)
+    return held, rest, {model: fit(rest.points(), model) for model in ("shared", "free")}
+
+
+def _rollout(
+    ladder: Ladder, held: str, fits: dict[str, Fit], errors: dict[str, np.ndarray], widen: float
+) -> dict[str, Any]:
+    """The held-out rung's loss predicted per arm by each fit, against its seeds. ``errors[model]``
+    ``[replicates, arm]`` are the bootstrap's errors (resampled seeds, refitted smaller rungs, against
+    the resampled held-out mean); a fit ``misses`` when, for either arm, their ``ROLLOUT_CONFIDENCE``
+    interval excludes zero (None: no bootstrap to judge by)."""
+    out: dict[str, Any] = {"held_out_rung": held, "confidence": ROLLOUT_CONFIDENCE}
+    for model, f in fits.items():
         entry: dict[str, Any] = {"status": f.status}
         if not f.ok:
             entry["reason"] = f.reason
-        else:
-            for arm in ARMS:
-                cell = ladder.cell(arm, held)
-                if cell is None:
-                    continue
-                pred = float(f.predict([cell.compute], ARMS.index(arm))[0])
-                err = pred - cell.mean
-                entry[arm] = {
-                    "predicted": pred,
-                    "observed": cell.mean,
-                    "error": err,
-                    "seed_spread": _finite(cell.spread),
-                    "error_in_spreads": _finite(abs(err) / cell.spread) if cell.spread > 0 else None,
-                }
+            out[model] = entry
+            continue
+        misses: Optional[bool] = None
+        for arm in ARMS:
+            cell = ladder.cell(arm, held)
+            if cell is None:
+                continue
+            pred = float(f.predict([cell.compute], ARMS.index(arm))[0])
+            err = pred - cell.mean
+            row = {
+                "predicted": pred,
+                "observed": cell.mean,
+                "error": err,
+                "seed_spread": _finite(cell.spread),
+                "error_in_spreads": _finite(abs(err) / cell.spread) if cell.spread > 0 else None,
+            }
+            values = errors[model][:, ARMS.index(arm)] if model in errors else np.array([])
+            if len(values) and np.mean(np.isnan(values)) <= MAX_FAILED_REPLICATES:
+                lo, hi = interval(values, ROLLOUT_CONFIDENCE, widen)
+                row["error_interval"] = [lo, hi]
+                misses = bool(misses) or not lo <= 0.0 <= hi
+            entry[arm] = row
+        entry["misses"] = misses
         out[model] = entry
     return out
+
+
+def rollout_miss(rollout: dict[str, Any], model: str) -> Optional[str]:
+    """Why no sign may be called from ``model``'s fit, when it misses its rollout check; else None."""
+    entry = rollout.get(model, {})
+    if not entry.get("misses"):
+        return None
+    errors = ", ".join(
+        "{} {:+.3g} [{:+.3g}, {:+.3g}]".format(arm, entry[arm]["error"], *entry[arm]["error_interval"])
+        for arm in ARMS
+        if "error_interval" in entry.get(arm, {})
+    )
+    return (
+        f"the {model} fit of the smaller rungs misses the held-out {rollout['held_out_rung']} ({errors} at "
+        f"{rollout['confidence']:.0%}): its form does not hold across these rungs"
+    )
+
+
+def withhold_verdict(e: Estimate, why: Optional[str]) -> Estimate:
+    """Keep ``e``'s numbers but call no sign from them, saying why (a fit that failed its rollout)."""
+    if why and e.verdict:
+        e.extra["verdict_withheld"] = f"{e.verdict} by its interval, not called: {why}"
+        e.verdict = None
+    return e
 
 
 @single_threaded
@@ -917,11 +967,22 @@ def compare(
     }
     fail_shared, fail_free = Counter(), Counter()
     tc = np.array([t for t, _ in target_list])
+    held, rest, rollout_fits = _rollout_fits(ladder)
+    keys = ladder.keys()
+    rest_rows = [i for i, (_, rung) in enumerate(keys) if rung != held]  # rest.keys() order
+    held_rows = {ARMS.index(arm): keys.index((arm, held)) for arm in ARMS if (arm, held) in ladder.cells}
+    held_compute = {a: ladder.cells[keys[i]].compute for a, i in held_rows.items()}
+    rollout_errors = {m: np.full((n_boot, 2), np.nan) for m, f in rollout_fits.items() if f.ok}
     if sampler.method != "none":
         s_starts, f_starts = warm_starts(shared), warm_starts(free)
         for b in range(n_boot):
             means = sampler.draw()
             pts = ladder.points(means)
+            for m, errors in rollout_errors.items():
+                fr = fit(rest.points(means[rest_rows]), m, starts=warm_starts(rollout_fits[m]), greedy=True)
+                if fr.ok:
+                    for a, i in held_rows.items():
+                        errors[b, a] = fr.predict([held_compute[a]], a)[0] - means[i]
             fs = fit(pts, "shared", starts=s_starts, greedy=True)
             if fs.ok:
                 rep["logk"][b] = fs.theta[3]
@@ -950,7 +1011,12 @@ def compare(
             return Estimate(name, point, status="failed", reason="no bootstrap: a cell has one seed")
         return estimate(name, point, values, confidence, failures=failures, widen=widen, **kw)
 
+    if sampler.method == "none":
+        rollout_errors = {}
+    rollout = _rollout(ladder, held, rollout_fits, rollout_errors, widen)
+    miss_shared, miss_free = rollout_miss(rollout, "shared"), rollout_miss(rollout, "free")
     k = est("k", shared.theta[3] if shared.ok else None, rep["logk"], shared, fail_shared, null=1.0, transform=_exp)
+    withhold_verdict(k, miss_shared)
     dalpha = est(
         "exponent_difference",
         float(free.theta[4] - free.theta[2]) if free.ok else None,
@@ -960,8 +1026,9 @@ def compare(
         positive="variant steeper",
         negative="baseline steeper",
     )
+    withhold_verdict(dalpha, miss_free)
     if free.ok:
-        dalpha.extra = {"alpha_baseline": float(free.theta[2]), "alpha_variant": float(free.theta[4])}
+        dalpha.extra.update(alpha_baseline=float(free.theta[2]), alpha_variant=float(free.theta[4]))
 
     rung_rows = []
     for j, rung in enumerate(ladder.rungs):
@@ -1014,13 +1081,16 @@ def compare(
             row["loss_baseline_shared"] = float(shared.predict([c], 0)[0])
             row["loss_variant_shared"] = float(shared.predict([c], 1)[0])
         gap_s = row["loss_baseline_shared"] - row["loss_variant_shared"] if shared.ok else None
-        row["gap_shared"] = est("gap", gap_s, rep["gap_shared"][:, t], shared, fail_shared).summary()
+        row["gap_shared"] = withhold_verdict(
+            est("gap", gap_s, rep["gap_shared"][:, t], shared, fail_shared), miss_shared
+        ).summary()
         row["multiplier_shared"] = k.summary()
         gap_f = float(free.predict([c], 0)[0] - free.predict([c], 1)[0]) if free.ok else None
-        row["gap_free"] = est("gap", gap_f, rep["gap_free"][:, t], free, fail_free).summary()
+        gap_free = est("gap", gap_f, rep["gap_free"][:, t], free, fail_free)
+        row["gap_free"] = withhold_verdict(gap_free, miss_free).summary()
         log_m = float(np.log(free_multiplier(free, [c])[0])) if free.ok else None
-        row["multiplier_free"] = est(
-            "multiplier", log_m, rep["mult_free"][:, t], free, fail_free, null=1.0, transform=_exp
+        row["multiplier_free"] = withhold_verdict(
+            est("multiplier", log_m, rep["mult_free"][:, t], free, fail_free, null=1.0, transform=_exp), miss_free
         ).summary()
         extrapolations.append(row)
 
@@ -1049,7 +1119,7 @@ def compare(
         k,
         dalpha,
         rung_rows,
-        _rollout(ladder),
+        rollout,
         aa,
         extrapolations,
         curves,

@@ -72,6 +72,9 @@ def test_recovered_inside_the_reported_intervals_at_sandbox_noise():
     assert c.method == "seeds" and all(ladder.paired(r) for r in ladder.rungs)
     assert c.k.status == "ok" and c.k.lower <= TRUE_K <= c.k.upper, c.k
     assert c.k.verdict == sf.VARIANT_BETTER
+    # the law holds across the rungs: the held-out rung is predicted within the tolerance
+    assert c.rollout["shared"]["misses"] is False and c.rollout["free"]["misses"] is False
+    assert "verdict_withheld" not in c.k.summary()
     d = c.exponent_difference
     assert d.status == "ok" and d.lower <= 0.0 <= d.upper and d.verdict == sf.NO_DIFFERENCE
     # the whole ladder's 5 seed degrees of freedom widen k; a rung's multiplier rests on two rungs' seeds
@@ -223,3 +226,32 @@ def test_bad_arguments_are_refused():
         Ladder([Run("treatment", "r0", 0, 1e13, 2.0)])
     with pytest.raises(ValueError, match="seed appears twice"):
         Ladder([Run("baseline", "r0", 0, 1e13, 2.0), Run("baseline", "r0", "0", 1e13, 2.1)])
+
+
+def test_a_fit_that_misses_its_rollout_calls_no_sign():
+    """Both arms' losses fall much faster at the largest rung than the law of the smaller ones (as a
+    rung trained in another regime would): the fits still return numbers and intervals, but the
+    held-out rung's bootstrapped error excludes zero, so neither k nor the extrapolations name a sign."""
+    rows = synthetic_runs(k=1.3, rng_seed=3)
+    for r in rows:
+        if r["rung"] == "r4":  # the largest
+            r["val_bpb"] -= 0.25
+    c = sf.compare(ladder_of(rows), n_boot=60)
+    miss = c.rollout["shared"]
+    assert miss["misses"] is True
+    assert all(miss[arm]["error_interval"][0] > 0 for arm in ("baseline", "variant"))
+    assert c.k.status == "ok" and c.k.estimate is not None and c.k.lower is not None
+    assert c.k.verdict is None and "misses the held-out r4" in c.k.extra["verdict_withheld"]
+    for x in c.extrapolations:
+        assert x["gap_shared"]["verdict"] is None and "verdict_withheld" in x["gap_shared"]
+    # the fit-free per-rung multipliers do not rest on the fit: their verdicts stand
+    assert any(r["verdict"] for r in c.rung_multipliers)
+
+
+def test_the_rollout_check_passes_fits_of_the_right_form():
+    """Over ladders drawn from the law itself, the check flags few fits (nominally about 2%)."""
+    flagged = 0
+    for draw in range(12):
+        c = sf.compare(ladder_of(synthetic_runs(k=TRUE_K, rng_seed=100 + draw)), n_boot=60, seed=draw)
+        flagged += bool(c.rollout["shared"]["misses"])
+    assert flagged <= 2
