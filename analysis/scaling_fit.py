@@ -915,12 +915,24 @@ def rollout_miss(rollout: dict[str, Any], model: str) -> Optional[str]:
     )
 
 
-def withhold_verdict(e: Estimate, why: Optional[str]) -> Estimate:
-    """Keep ``e``'s numbers but call no sign from them, saying why (a fit that failed its rollout)."""
-    if why and e.verdict:
-        e.extra["verdict_withheld"] = f"{e.verdict} by its interval, not called: {why}"
-        e.verdict = None
+def withhold_verdict(e: Estimate | dict, why: Optional[str]) -> Estimate | dict:
+    """Keep ``e``'s numbers but call no sign from them, saying why (a fit that failed its rollout, an A/A
+    null whose interval excludes 1). ``e`` is an Estimate or its ``summary()``."""
+    verdict = e.get("verdict") if isinstance(e, dict) else e.verdict
+    if not why or not verdict:
+        return e
+    text = f"{verdict} by its interval, not called: {why}"
+    if isinstance(e, dict):
+        e["verdict"], e["verdict_withheld"] = None, text
+    else:
+        e.verdict, e.extra["verdict_withheld"] = None, text
     return e
+
+
+AA_MISS = (
+    "the A/A null's k interval excludes 1, so the intervals are narrower than this ladder's seed-to-seed "
+    "differences (a seed's luck repeating at every rung, which the per-rung resampling does not see)"
+)
 
 
 @single_threaded
@@ -1102,6 +1114,12 @@ def compare(
         aa = {"k": aa_k.summary(), "bootstrap_method": aa_sampler.method, "degrees_of_freedom": aa_sampler.df}
         if aa_k.status == "ok":
             aa["covers_1"] = bool(aa_k.lower <= 1.0 <= aa_k.upper)
+    if aa.get("covers_1") is False:  # no fitted statistic's interval can be trusted to call a sign
+        withhold_verdict(k, AA_MISS)
+        withhold_verdict(dalpha, AA_MISS)
+        for row in extrapolations:
+            for name in ("gap_shared", "multiplier_shared", "gap_free", "multiplier_free"):
+                withhold_verdict(row[name], AA_MISS)
 
     curves = {"compute": grid, "c_max": c_max, "targets": target_list}
     if np.any(~np.isnan(rep["curve"][:, 0, 0])):

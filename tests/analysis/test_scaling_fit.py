@@ -255,3 +255,18 @@ def test_the_rollout_check_passes_fits_of_the_right_form():
         c = sf.compare(ladder_of(synthetic_runs(k=TRUE_K, rng_seed=100 + draw)), n_boot=60, seed=draw)
         flagged += bool(c.rollout["shared"]["misses"])
     assert flagged <= 2
+
+
+def test_an_aa_null_that_excludes_1_withholds_every_fitted_verdict():
+    """Seed 1 is 0.03 bpb worse than seed 0 at every rung, in both arms (its batch order repeats at every
+    rung): the per-rung resampling cannot see luck shared across rungs, and the A/A null, seed against
+    seed, excludes 1. No fitted statistic then names a sign."""
+    rows = synthetic_runs(k=1.3, noise=0.001, rng_seed=5)
+    for r in rows:
+        r["val_bpb"] += 0.03 * r["seed"]
+    c = sf.compare(ladder_of(rows), n_boot=60)
+    assert c.aa["covers_1"] is False
+    assert c.k.estimate is not None and c.k.verdict is None and "A/A null" in c.k.extra["verdict_withheld"]
+    assert c.exponent_difference.verdict is None
+    for x in c.extrapolations:
+        assert all(x[name]["verdict"] is None for name in ("gap_shared", "multiplier_shared", "gap_free"))
