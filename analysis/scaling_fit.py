@@ -280,7 +280,7 @@ BOUND_HINTS = {
 PURE_POWER_LAW = "E at its lower bound, about 0: no saturation in the measured range, a pure power law"
 
 
-def _pure_power_law(model: str, theta, bounds) -> bool:
+def _pure_power_law(theta, bounds) -> bool:
     lo, hi = bounds[0]
     return theta[0] - lo <= 1e-6 * (hi - lo)
 
@@ -289,7 +289,7 @@ def _at_bound(model: str, theta, bounds) -> Optional[str]:
     """Which parameter ended at its bound (the first; E's lower bound is a fit, see PURE_POWER_LAW), or None."""
     for j, (name, value, (lo, hi)) in enumerate(zip(PARAMETER_NAMES[model], theta, bounds)):
         tol = 1e-6 * (hi - lo)
-        if j == 0 and value - lo <= tol:
+        if j == 0 and _pure_power_law(theta, bounds):
             continue
         if value - lo <= tol or hi - value <= tol:
             side = "lower" if value - lo <= tol else "upper"
@@ -370,7 +370,7 @@ def fit(
     common = dict(c_ref=c_ref, n_points=len(x))
     if best.problem is not None:
         return Fit(model, "failed", best.problem, **common)
-    note = PURE_POWER_LAW if _pure_power_law(model, best.x, bounds) else ""
+    note = PURE_POWER_LAW if _pure_power_law(best.x, bounds) else ""
     return Fit(
         model, "ok", "", best.x, objective=float(best.fun), alternatives=tuple(alternatives), note=note, **common
     )
@@ -985,13 +985,14 @@ def compare(
     held_rows = {ARMS.index(arm): keys.index((arm, held)) for arm in ARMS if (arm, held) in ladder.cells}
     held_compute = {a: ladder.cells[keys[i]].compute for a, i in held_rows.items()}
     rollout_errors = {m: np.full((n_boot, 2), np.nan) for m, f in rollout_fits.items() if f.ok}
+    rollout_starts = {m: warm_starts(rollout_fits[m]) for m in rollout_errors}
     if sampler.method != "none":
         s_starts, f_starts = warm_starts(shared), warm_starts(free)
         for b in range(n_boot):
             means = sampler.draw()
             pts = ladder.points(means)
             for m, errors in rollout_errors.items():
-                fr = fit(rest.points(means[rest_rows]), m, starts=warm_starts(rollout_fits[m]), greedy=True)
+                fr = fit(rest.points(means[rest_rows]), m, starts=rollout_starts[m], greedy=True)
                 if fr.ok:
                     for a, i in held_rows.items():
                         errors[b, a] = fr.predict([held_compute[a]], a)[0] - means[i]
@@ -1023,8 +1024,6 @@ def compare(
             return Estimate(name, point, status="failed", reason="no bootstrap: a cell has one seed")
         return estimate(name, point, values, confidence, failures=failures, widen=widen, **kw)
 
-    if sampler.method == "none":
-        rollout_errors = {}
     rollout = _rollout(ladder, held, rollout_fits, rollout_errors, widen)
     miss_shared, miss_free = rollout_miss(rollout, "shared"), rollout_miss(rollout, "free")
     k = est("k", shared.theta[3] if shared.ok else None, rep["logk"], shared, fail_shared, null=1.0, transform=_exp)
