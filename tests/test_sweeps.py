@@ -30,7 +30,16 @@ SMOKE_POINTS = {
 
 # the default suite runs the core studies' smoke variants; every study's jobs still compose and validate
 # below, and -m slow runs every smoke variant
-SLOW_SMOKE = {"default_run", "k3_decisions", "ffn_activation", "lr_search", "tokenizers", "moe_form", "residual", "mqar"}
+SLOW_SMOKE = {
+    "default_run",
+    "k3_decisions",
+    "ffn_activation",
+    "lr_search",
+    "tokenizers",
+    "moe_form",
+    "residual",
+    "mqar",
+}
 
 
 @pytest.mark.parametrize("study", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SMOKE else s for s in STUDIES])
