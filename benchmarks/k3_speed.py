@@ -17,12 +17,15 @@ per-head updates, the QB bias update), each from the same initial weights, timed
   islands (runtime/compile.py; the blocked expert products are traced into the layer's graph) -- what
   the trainer runs now.
 
-Beside them, in the same interleaved rounds, ``default fast``: the default model (the README's run: GQA,
-dense SiTU-GLU, BPE 8,192, batch 16 x 256) compiled as the trainer compiles it. Every path is reported in
+Beside them, in the same interleaved rounds, two plain decoders compiled as the trainer compiles them:
+``default fast``, the default model (the README's run: GQA, dense SiTU-GLU, BPE 8,192, batch 16 x 256,
+d_model 128 x 3 layers, sized for its five-minute budget), and ``plain fast``, the same composition at
+k3_small's width (d_model 256 x 6 layers, the previous default): the plain decoder a K3-shaped model of
+that width should be as efficient as (tiny models use the matrix units worse). Every path is reported in
 tokens/s, model FLOPs per second (the analytic training FLOPs per token of ``components/flop_count.py``,
 MTP included, times tokens/s) and MFU against this machine's bf16 matrix-product peak, measured in the
-same run (the best of square products of 1,024 to 2,048, before and after the rounds); the last line is
-k3_small's fast-path FLOP rate as a fraction of the default model's. ``--components`` adds where an eager
+same run (the best of square products of 1,024 to 2,048, before and after the rounds); the last lines are
+k3_small's fast-path FLOP rate as a fraction of each plain decoder's. ``--components`` adds where an eager
 step of k3_small spends its time (``benchmarks/component_times.py``).
 
 Then the loss curves: ``--curve-steps`` steps of the eager reference, of the fast path and of eager fp32
@@ -50,7 +53,8 @@ PATHS = {
     "fast": ("layers", "bf16", []),
 }
 REFERENCE = "eager bf16"
-DEFAULT = "default fast"  # the default model, as the trainer runs it
+# plain decoders, as the trainer runs them: the default model, and the same composition at k3_small's width
+PLAIN = {"default fast": [], "plain fast": ["model.d_model=256", "model.n_layers=6"]}
 
 
 def corpus_batches(root, n: int, batch: int, seq: int) -> list[torch.Tensor]:
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--curve-steps", type=int, default=50, help="steps of the loss-curve comparison (0: skip)")
     ap.add_argument("--curve-batch", type=int, default=8)
     ap.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of: " + ", ".join(PATHS))
-    ap.add_argument("--no-default", action="store_true", help="leave out the default model's row")
+    ap.add_argument("--no-default", action="store_true", help="leave out the plain decoders' rows")
     ap.add_argument("--components", action="store_true", help="also the per-component table of an eager step")
     ap.add_argument("overrides", nargs="*", help="config overrides after experiment=k3_small")
     args = ap.parse_args(argv)
@@ -121,14 +125,15 @@ def main(argv: list[str] | None = None) -> int:
         from components.model import build_on_meta
         from runtime.compile import compile_mode
 
-        root = validate_overrides(list(args.overrides))
-        default_ids = corpus_batches(root, 1, root.data.batch_size, root.data.seq_len)[0]
-        # what the trainer runs: one graph for the default model
-        mode = compile_mode(root.trainer, build_on_meta(root.decoder_config()))
-        model, step = train_setup(validate_overrides(list(args.overrides)), torch.device("cpu"), mode, precision="bf16")
-        steps[DEFAULT] = lambda s=step: s(default_ids)
-        tokens[DEFAULT] = root.data.batch_size * root.data.seq_len
-        flops[DEFAULT] = model.flops_per_token(root.data.seq_len)
+        for name, size in PLAIN.items():
+            root = validate_overrides([*size, *args.overrides])
+            plain_ids = corpus_batches(root, 1, root.data.batch_size, root.data.seq_len)[0]
+            # what the trainer runs: one graph for a plain decoder
+            mode = compile_mode(root.trainer, build_on_meta(root.decoder_config()))
+            model, step = train_setup(validate_overrides([*size, *args.overrides]), torch.device("cpu"), mode)
+            steps[name] = lambda s=step, ids=plain_ids: s(ids)
+            tokens[name] = root.data.batch_size * root.data.seq_len
+            flops[name] = model.flops_per_token(root.data.seq_len)
     t0 = time.perf_counter()
     sec = medians(time_interleaved(steps, args.rounds, warmup=args.warmup))
     peak = max(peak_before, matmul_peak())
@@ -145,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:13s} {sec[name]:8.3f} {rate:9,.0f} {flops[name] / 1e9:10.4f} {rate * flops[name] / 1e9:8.1f} "
             f"{rate * flops[name] / peak:6.1%} {ratio:>14s}"
         )
-    if "fast" in steps and DEFAULT in steps:
-        share = (tokens["fast"] / sec["fast"] * flops["fast"]) / (tokens[DEFAULT] / sec[DEFAULT] * flops[DEFAULT])
-        print(f"k3_small fast path: {share:.0%} of the default model's FLOP rate")
+    for name in PLAIN:
+        if "fast" in steps and name in steps:
+            share = (tokens["fast"] / sec["fast"] * flops["fast"]) / (tokens[name] / sec[name] * flops[name])
+            print(f"k3_small fast path: {share:.0%} of the FLOP rate of {name}")
     print(f"(measured in {time.perf_counter() - t0:.0f} s, compilation included)")
 
     if args.components:
