@@ -54,7 +54,7 @@ PATHS = {
 }
 REFERENCE = "eager bf16"
 # plain decoders, as the trainer runs them: the default model, and the same composition at k3_small's width
-PLAIN = {"default fast": [], "plain fast": ["model.d_model=256", "model.n_layers=6"]}
+PLAIN = {"default fast": [], "plain fast": ["model=d256"]}
 
 
 def corpus_batches(root, n: int, batch: int, seq: int) -> list[torch.Tensor]:
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             plain_ids = corpus_batches(root, 1, root.data.batch_size, root.data.seq_len)[0]
             # what the trainer runs: one graph for a plain decoder
             mode = compile_mode(root.trainer, build_on_meta(root.decoder_config()))
-            model, step = train_setup(validate_overrides([*size, *args.overrides]), torch.device("cpu"), mode)
+            model, step = train_setup(root, torch.device("cpu"), mode)
             steps[name] = lambda s=step, ids=plain_ids: s(ids)
             tokens[name] = root.data.batch_size * root.data.seq_len
             flops[name] = model.flops_per_token(root.data.seq_len)
