@@ -1,7 +1,8 @@
 """Softmax attention with ``n_kv_heads`` key/value heads: MHA (= n_heads), GQA (between), MQA (= 1).
 
 One implementation, three registry names so that ``mixer=mqa`` reads naturally; RoPE or NoPE; causal
-``F.scaled_dot_product_attention``; a K/V cache for incremental decoding. With document segments the
+attention (``attention_kernel``: SDPA, or bf16 products with an fp32 softmax on the CPU; components/ops/attention.py);
+a K/V cache for incremental decoding. With document segments the
 causal mask is also block-diagonal over documents (RoPE is relative: positions need not restart).
 """
 
@@ -11,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from components.config import ComponentConfig
@@ -20,7 +20,15 @@ from components.nn.build_context import BuildContext
 from components.nn.matrix_layout import MatrixLayout
 from components.nn.rope import apply_rope, rope_cos_sin
 from components.nn.segments import Segments
+from components.ops.attention import ATTENTION_KERNELS, causal_attention
 from components.registry import MIXERS, ConfigError
+
+
+def check_attention_kernel(kernel: str, key: str) -> None:
+    """ConfigError naming ``{key}.attention_kernel`` unless ``kernel`` is one of ``ATTENTION_KERNELS``."""
+    if kernel not in ATTENTION_KERNELS:
+        allowed = ", ".join(ATTENTION_KERNELS)
+        raise ConfigError(f"{key}.attention_kernel", f"'{kernel}' is not allowed; choose one of {allowed}")
 
 
 @dataclass
@@ -33,6 +41,8 @@ class AttentionConfig(ComponentConfig):
     head_dim: Optional[int] = None
     rope: bool = True
     rope_theta: float = 10000.0
+    # softmax attention's kernel (components/ops/attention.py): auto, sdpa or matmul
+    attention_kernel: str = "auto"
 
     def kv_heads(self) -> int:
         return self.n_kv_heads if self.n_kv_heads is not None else self.default_kv_heads()
@@ -73,6 +83,7 @@ class AttentionConfig(ComponentConfig):
         self.check_kv_heads(kv, key)
         if self.rope_theta <= 0:
             raise ConfigError(f"{key}.rope_theta", f"must be positive, got {self.rope_theta}")
+        check_attention_kernel(self.attention_kernel, key)
 
 
 @dataclass
@@ -166,24 +177,13 @@ class Attention(Mixer):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if state is not None:
             k, v = state.append(k, v)  # [B, Hkv, S, D], S = past + T
-        S = k.shape[2]
         if self.n_kv_heads != self.n_heads:
             # enable_gqa is not implemented by every SDPA backend; repeating K/V is exact and cheap here
             rep = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        if segments is not None:
-            o = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=segments.attention_mask()
-            )  # [B, 1, T, T]: causal, same document
-        elif S == T:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif T == 1:
-            o = F.scaled_dot_product_attention(q, k, v)  # one new token sees every cached one
-        else:
-            # new tokens sit at positions S-T..S-1: token i sees keys 0..S-T+i
-            mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        doc_mask = segments.attention_mask() if segments is not None else None  # [B, 1, T, T]: causal, same document
+        o = causal_attention(q, k, v, doc_mask=doc_mask, kernel=self.cfg.attention_kernel)  # [B, H, T, D]
         o = o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # [B, T, H*D]
         return self.o_proj(o)
 

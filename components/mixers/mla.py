@@ -6,7 +6,7 @@ through ``kv_b_proj``; every head also sees one shared ``qk_rope_head_dim`` key 
 are multiplied by ``sigmoid(g_proj(x))`` before ``o_proj`` (``output_gate``).
 
 Two computation orders give the same result:
-* expanded (training, prefill): build per-head K ``[U^K c || k^r]`` and V ``U^V c``, causal SDPA;
+* expanded (training, prefill): build per-head K ``[U^K c || k^r]`` and V ``U^V c``, causal softmax attention;
 * absorbed (decoding): ``q_hat = U^K^T q^c`` scores against the cached latent, aggregation stays in latent
   space, ``U^V`` is applied afterwards. The cache holds only ``c`` and ``k^r``: ``kv_lora + rope`` numbers
   per token and layer.
@@ -21,16 +21,17 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from components.config import ComponentConfig
+from components.mixers.attention import check_attention_kernel
 from components.mixers.base import Mixer
 from components.nn.build_context import BuildContext
 from components.nn.matrix_layout import MatrixLayout
 from components.nn.rmsnorm import RMSNorm
 from components.nn.rope import apply_rope, rope_cos_sin
 from components.nn.segments import Segments
+from components.ops.attention import causal_attention, causal_mask
 from components.registry import MIXERS, ConfigError
 
 ORDERS = ("expanded", "absorbed")
@@ -56,6 +57,8 @@ class MLAConfig(ComponentConfig):
     lora_norm_eps: float = 1e-6
     # decode from the cache in the absorbed order (expanded otherwise)
     absorbed_decode: bool = True
+    # the expanded order's softmax attention kernel (components/ops/attention.py): auto, sdpa or matmul
+    attention_kernel: str = "auto"
 
     def validate(self, model: Any, key: str) -> None:
         positive = {
@@ -79,6 +82,7 @@ class MLAConfig(ComponentConfig):
             raise ConfigError(f"{key}.rope_theta", f"must be positive, got {self.rope_theta}")
         if self.lora_norm_eps <= 0:
             raise ConfigError(f"{key}.lora_norm_eps", f"must be positive, got {self.lora_norm_eps}")
+        check_attention_kernel(self.attention_kernel, key)
 
 
 class MLACache:
@@ -97,11 +101,6 @@ class MLACache:
     @property
     def seq_len(self) -> int:
         return 0 if self.c is None else self.c.shape[1]
-
-
-def _causal_mask(T: int, S: int, device: torch.device) -> torch.Tensor:
-    """``[T, S]`` bool, True = visible: the T new tokens sit at positions S-T..S-1."""
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
 
 
 class MLA(Mixer):
@@ -243,7 +242,7 @@ class MLA(Mixer):
         kr: torch.Tensor,
         doc_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """Per-head K/V from the latent, causal SDPA (``doc_mask [B, 1, T, T]``: causal and same
+        """Per-head K/V from the latent, causal attention (``doc_mask [B, 1, T, T]``: causal and same
         document, instead). Returns ``[B, H, T, v]``."""
         B, H, T, _ = qc.shape
         S = c.shape[1]
@@ -251,15 +250,8 @@ class MLA(Mixer):
         kc, v = kv.split([self.nope_dim, self.v_head_dim], dim=-1)  # [B, H, S, nope], [B, H, S, v]
         k = torch.cat([kc, kr[:, None].expand(B, H, S, self.rope_dim)], dim=-1)  # [B, H, S, d_qk]
         q = torch.cat([qc, qr], dim=-1)  # [B, H, T, d_qk]
-        # SDPA accepts a value head dim different from d_qk; no padding of V needed
-        if doc_mask is not None:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=doc_mask, scale=self.scale)
-        if S == T:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
-        if T == 1:
-            return F.scaled_dot_product_attention(q, k, v, scale=self.scale)  # one new token sees every cached one
-        mask = _causal_mask(T, S, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        # a value head dim different from d_qk needs no padding
+        return causal_attention(q, k, v, scale=self.scale, doc_mask=doc_mask, kernel=self.cfg.attention_kernel)
 
     def _absorbed(
         self,
@@ -280,7 +272,7 @@ class MLA(Mixer):
         if doc_mask is not None:
             logits = logits.masked_fill(~doc_mask, float("-inf"))
         elif T > 1:
-            logits = logits.masked_fill(~_causal_mask(T, S, logits.device), float("-inf"))
+            logits = logits.masked_fill(~causal_mask(T, S, logits.device), float("-inf"))
         probs = torch.softmax(logits, dim=-1).to(c.dtype)
         o_lat = torch.einsum("bhts,bsr->bhtr", probs, c)  # [B, H, T, kv_lora]: aggregate the latent
         return torch.einsum("bhtr,hvr->bhtv", o_lat, uv)  # [B, H, T, v]: U^V after the aggregation

@@ -1,0 +1,92 @@
+"""The matmul attention kernel against SDPA (the reference): exact in fp64, bf16-level in bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from components.ops.attention import causal_attention, resolve_attention_kernel
+from components.registry import ConfigError
+
+B, H, D, DV = 2, 3, 24, 16
+
+
+def _inputs(T: int, S: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, H, S, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, H, S, DV, generator=g, dtype=torch.float64)
+    return tuple(x.to(dtype).requires_grad_() for x in (q, k, v))
+
+
+def _doc_mask(T: int) -> torch.Tensor:
+    ids = torch.tensor([[0] * 5 + [1] * (T - 5), [0] * T])  # [B, T]: two documents in row 0
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    return ((ids[:, :, None] == ids[:, None, :]) & causal).unsqueeze(1)  # [B, 1, T, T]
+
+
+def _run(kernel: str, inputs: tuple[torch.Tensor, ...], doc_mask=None, scale=None):
+    q, k, v = inputs
+    o = causal_attention(q, k, v, scale=scale, doc_mask=doc_mask, kernel=kernel)
+    grads = torch.autograd.grad(o, (q, k, v), torch.ones_like(o).mul_(torch.linspace(-1, 1, o.shape[-1])))
+    return o, grads
+
+
+@pytest.mark.parametrize("T,S", [(12, 12), (1, 9), (4, 11)])
+def test_matmul_kernel_matches_sdpa_in_fp64(T, S):
+    inputs = _inputs(T, S, torch.float64)
+    o_ref, g_ref = _run("sdpa", inputs, scale=0.3)
+    o, g = _run("matmul", inputs, scale=0.3)
+    torch.testing.assert_close(o, o_ref, atol=1e-12, rtol=1e-12)
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_matmul_kernel_matches_sdpa_with_documents():
+    inputs = _inputs(12, 12, torch.float64, seed=1)
+    mask = _doc_mask(12)
+    o_ref, g_ref = _run("sdpa", inputs, doc_mask=mask)
+    o, g = _run("matmul", inputs, doc_mask=mask)
+    torch.testing.assert_close(o, o_ref, atol=1e-12, rtol=1e-12)
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    # the first token of row 0's second document sees only itself: its output is its own value
+    torch.testing.assert_close(o[0, :, 5], inputs[2][0, :, 5], atol=1e-12, rtol=0)
+
+
+def test_bf16_matmul_kernel_error_is_bf16_level():
+    """In bf16 the matmul kernel rounds the scores once; its error against fp64 stays within a small
+    factor of SDPA's (which computes bf16 inputs in fp32 on the CPU), forward and backward."""
+    exact = _run("sdpa", _inputs(64, 64, torch.float64, seed=2))
+    low = _inputs(64, 64, torch.bfloat16, seed=2)
+
+    def rms(a, b):
+        return (a.double() - b).pow(2).mean().sqrt().item()
+
+    for kernel_out in (_run("matmul", low),):
+        sdpa_out = _run("sdpa", low)
+        assert rms(kernel_out[0], exact[0]) < 3 * rms(sdpa_out[0], exact[0]) + 1e-3
+        for a, s, e in zip(kernel_out[1], sdpa_out[1], exact[1]):
+            assert rms(a, e) < 3 * rms(s, e) + 1e-3
+
+
+def test_auto_picks_matmul_for_low_precision_on_the_cpu():
+    q = torch.zeros(1, 1, 2, 4)
+    assert resolve_attention_kernel("auto", q) == "sdpa"
+    assert resolve_attention_kernel("auto", q.bfloat16()) == "matmul"
+    assert resolve_attention_kernel("auto", q.half()) == "matmul"
+    assert resolve_attention_kernel("sdpa", q.bfloat16()) == "sdpa"
+    with pytest.raises(ValueError, match="flash"):
+        resolve_attention_kernel("flash", q)
+
+
+@pytest.mark.parametrize("name", ["gqa", "mla"])
+def test_an_unknown_kernel_is_a_config_error_naming_the_key(name):
+    from components.registry import MIXERS
+
+    extra = {"n_kv_heads": 2} if name == "gqa" else {}
+    cfg = MIXERS.get(name).config_cls(attention_kernel="flash", **extra)
+    model = OmegaConf.create({"d_model": 64})
+    with pytest.raises(ConfigError, match=r"mixer\.attention_kernel.*auto, sdpa, matmul"):
+        cfg.validate(model, "mixer")
