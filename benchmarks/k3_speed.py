@@ -2,7 +2,7 @@
 
     python -m benchmarks.k3_speed [--batch 32 --seq 256 --rounds 4 --curve-steps 50 --curve-batch 8]
 
-Four ways to run one training step (forward, fp32 loss with the MTP depth's, backward, Muon with
+Five ways to run one training step (forward, fp32 loss with the MTP depth's, backward, Muon with
 per-head updates, the QB bias update), each from the same initial weights, timed in interleaved rounds
 (one step of each per round, order rotated) so background load hits all alike:
 
@@ -13,9 +13,15 @@ per-head updates, the QB bias update), each from the same initial weights, timed
   reference);
 * ``eager auto``: the same with the expert dispatch ``auto`` chooses now (``blocked`` on the CPU in
   bf16): how much of the gain is the dispatch alone;
+* ``fast baseline``: the fast path as it stood before its kernel choices of this round (MLA's attention
+  through SDPA, ``mixers.mla.attention_kernel=sdpa``), kept as the fixed row the fast path's speed-up is
+  measured against;
 * ``fast``: bf16 autocast, ``auto`` dispatch, each decoder layer compiled around its remaining eager
-  islands (runtime/compile.py; the blocked expert products are traced into the layer's graph) -- what
-  the trainer runs now.
+  islands (runtime/compile.py; the blocked expert products are traced into the layer's graph), attention
+  as ``attention_kernel=auto`` picks it (bf16 products with an fp32 softmax on the CPU) -- what the
+  trainer runs now.
+
+The eager rows keep SDPA attention too: the reference stays what it was.
 
 Beside them, in the same interleaved rounds, two plain decoders compiled as the trainer compiles them:
 ``default fast``, the default model (the README's run: GQA, dense SiTU-GLU, BPE 8,192, batch 16 x 256,
@@ -45,14 +51,18 @@ from benchmarks.train_step import train_setup
 from runtime.cpu_allocator import keep_freed_memory
 from runtime.launch import validate_overrides
 
+# MLA's attention through SDPA, as every path ran it before attention_kernel existed
+SDPA = ["mixers.mla.attention_kernel=sdpa"]
 # name: (compile mode, precision, extra overrides)
 PATHS = {
-    "eager fp32": ("off", "fp32", []),  # auto: grouped_mm in fp32, as before
-    "eager bf16": ("off", "bf16", ["ffn.dispatch=padded_bmm"]),
-    "eager auto": ("off", "bf16", []),
+    "eager fp32": ("off", "fp32", SDPA),  # auto: grouped_mm in fp32, as before
+    "eager bf16": ("off", "bf16", ["ffn.dispatch=padded_bmm", *SDPA]),
+    "eager auto": ("off", "bf16", SDPA),
+    "fast baseline": ("layers", "bf16", SDPA),
     "fast": ("layers", "bf16", []),
 }
 REFERENCE = "eager bf16"
+BASELINE = "fast baseline"
 # plain decoders, as the trainer runs them: the default model, and the same composition at k3_small's width
 PLAIN = {"default fast": [], "plain fast": ["model=d256"]}
 
@@ -140,16 +150,18 @@ def main(argv: list[str] | None = None) -> int:
     ref = sec.get(REFERENCE)
     print(f"bf16 matrix-product peak of this machine: {peak / 1e9:,.0f} GFLOP/s")
     print(
-        f"{'path':13s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/tok':>10s} {'GFLOP/s':>8s} {'MFU':>6s} "
+        f"{'path':14s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/tok':>10s} {'GFLOP/s':>8s} {'MFU':>6s} "
         f"{'vs ' + REFERENCE:>14s}"
     )
     for name in steps:
         rate = tokens[name] / sec[name]
         ratio = f"{ref / sec[name]:.2f}x" if ref and name in PATHS else "-"
         print(
-            f"{name:13s} {sec[name]:8.3f} {rate:9,.0f} {flops[name] / 1e9:10.4f} {rate * flops[name] / 1e9:8.1f} "
+            f"{name:14s} {sec[name]:8.3f} {rate:9,.0f} {flops[name] / 1e9:10.4f} {rate * flops[name] / 1e9:8.1f} "
             f"{rate * flops[name] / peak:6.1%} {ratio:>14s}"
         )
+    if "fast" in steps and BASELINE in steps:
+        print(f"k3_small fast path: {sec[BASELINE] / sec['fast']:.2f}x the speed of the {BASELINE}")
     for name in PLAIN:
         if "fast" in steps and name in steps:
             share = (tokens["fast"] / sec["fast"] * flops["fast"]) / (tokens[name] / sec[name] * flops[name])
