@@ -2,8 +2,8 @@
 
 * ``sdpa``: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on a GPU). The reference.
 * ``matmul``: scores and weighted sum as two matrix products in the inputs' dtype, the scaled, masked
-  softmax in fp32 (a bf16 product accumulates in fp32 and rounds its output once; the released K3 eager
-  attention computes the same way). On the CPU, SDPA computes bf16 inputs in fp32 products (about a
+  softmax in fp32 (a bf16 product accumulates in fp32 and rounds its output once: the usual eager
+  attention's numerics). On the CPU, SDPA computes bf16 inputs in fp32 products (about a
   third of the bf16 rate at these head sizes), so this form is 1.6-1.9x faster there, forward and
   backward, with the softmax fused into the layer's compiled graph.
 * ``auto``: ``matmul`` for bf16 / fp16 tensors on the CPU, ``sdpa`` everywhere else.
