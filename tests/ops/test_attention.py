@@ -64,11 +64,10 @@ def test_bf16_matmul_kernel_error_is_bf16_level():
     def rms(a, b):
         return (a.double() - b).pow(2).mean().sqrt().item()
 
-    for kernel_out in (_run("matmul", low),):
-        sdpa_out = _run("sdpa", low)
-        assert rms(kernel_out[0], exact[0]) < 3 * rms(sdpa_out[0], exact[0]) + 1e-3
-        for a, s, e in zip(kernel_out[1], sdpa_out[1], exact[1]):
-            assert rms(a, e) < 3 * rms(s, e) + 1e-3
+    matmul_out, sdpa_out = _run("matmul", low), _run("sdpa", low)
+    assert rms(matmul_out[0], exact[0]) < 3 * rms(sdpa_out[0], exact[0]) + 1e-3
+    for a, s, e in zip(matmul_out[1], sdpa_out[1], exact[1]):
+        assert rms(a, e) < 3 * rms(s, e) + 1e-3
 
 
 def test_auto_picks_matmul_for_low_precision_on_the_cpu():
