@@ -56,8 +56,8 @@ def test_matmul_kernel_matches_sdpa_with_documents():
 
 
 def test_bf16_matmul_kernel_error_is_bf16_level():
-    """In bf16 the matmul kernel rounds the scores once; its error against fp64 stays within a small
-    factor of SDPA's (which computes bf16 inputs in fp32 on the CPU), forward and backward."""
+    """In bf16 the matmul kernel rounds the scores once; its error against fp64 stays within 2x SDPA's
+    (which computes bf16 inputs in fp32 on the CPU; measured 1.0-1.3x), forward and backward."""
     exact = _run("sdpa", _inputs(64, 64, torch.float64, seed=2))
     low = _inputs(64, 64, torch.bfloat16, seed=2)
 
@@ -65,9 +65,10 @@ def test_bf16_matmul_kernel_error_is_bf16_level():
         return (a.double() - b).pow(2).mean().sqrt().item()
 
     matmul_out, sdpa_out = _run("matmul", low), _run("sdpa", low)
-    assert rms(matmul_out[0], exact[0]) < 3 * rms(sdpa_out[0], exact[0]) + 1e-3
+    assert rms(matmul_out[0], exact[0]) < 2 * rms(sdpa_out[0], exact[0])
     for a, s, e in zip(matmul_out[1], sdpa_out[1], exact[1]):
-        assert rms(a, e) < 3 * rms(s, e) + 1e-3
+        assert rms(a, e) < 2 * rms(s, e)
+        assert rms(a, e) < 1e-2 * e.pow(2).mean().sqrt().item()  # bf16 level: well under 1% of the gradient
 
 
 def test_auto_picks_matmul_for_low_precision_on_the_cpu():
