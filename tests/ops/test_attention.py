@@ -90,3 +90,35 @@ def test_an_unknown_kernel_is_a_config_error_naming_the_key(name):
     model = OmegaConf.create({"d_model": 64})
     with pytest.raises(ConfigError, match=r"mixer\.attention_kernel.*auto, sdpa, matmul"):
         cfg.validate(model, "mixer")
+
+
+@pytest.mark.parametrize("name", ["gqa", "mla"])
+def test_the_mixers_run_the_configured_kernel(name, monkeypatch):
+    """``attention_kernel`` reaches the op: ``matmul`` (and ``auto`` under bf16 autocast on the CPU) runs the
+    matmul form, ``sdpa`` (and ``auto`` in fp32) SDPA; in fp64 the two give the same layer output."""
+    import components.ops.attention as op
+    from components.nn.build_context import BuildContext
+    from components.registry import MIXERS
+
+    calls = []
+    real = op.matmul_attention
+    monkeypatch.setattr(op, "matmul_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    extra = {"n_kv_heads": 2} if name == "gqa" else {}
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+
+    def run(kernel, dtype=torch.float64, autocast=False):
+        torch.manual_seed(0)
+        cfg = MIXERS.get(name).config_cls(attention_kernel=kernel, **extra)
+        mixer = MIXERS.build(cfg, BuildContext(32)).to(dtype)
+        calls.clear()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = mixer(x.to(dtype))
+        return out, len(calls)
+
+    out_matmul, n = run("matmul")
+    assert n == 1
+    out_sdpa, n = run("sdpa")
+    assert n == 0
+    torch.testing.assert_close(out_matmul, out_sdpa, atol=1e-12, rtol=1e-12)
+    assert run("auto", torch.float32)[1] == 0
+    assert run("auto", torch.float32, autocast=True)[1] == 1
