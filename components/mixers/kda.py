@@ -156,29 +156,46 @@ def causal_depthwise_conv(
     """
     B, T, P = x.shape
     W = weight.shape[-1]
+    zero_prefix = prefix is None
     if prefix is None:
         prefix = x.new_zeros(B, W - 1, P)
     xp = torch.cat([prefix.to(x.dtype), x], dim=1)  # [B, W-1+T, P]
-
-    def tap(j: int) -> torch.Tensor:
-        # the inputs weighted by w[:, j]: x[t - s] for output t, s = W-1-j
-        shifted = xp[:, j : j + T]  # [B, T, P]
-        s = W - 1 - j
-        if segments is None or s == 0:
-            return shifted
-        return shifted * segments.same_segment_as_shifted(s)  # [B, T, 1] mask: other documents add 0
-
     if torch.compiler.is_compiling() or segments is not None:
-        # inside a compiled layer: W shifted multiply-adds, which Inductor fuses with the SiLU and the
-        # projections around them (a convolution stays an opaque library call, forward and backward);
-        # with documents, each shifted term is masked, which a convolution cannot do
-        w = weight.to(x.dtype)[:, 0, :]  # [P, W]
-        y = tap(0) * w[:, 0]
-        for j in range(1, W):
-            y = y + tap(j) * w[:, j]  # [B, T, P]
+        y = shifted_depthwise_conv(x, weight, None if zero_prefix and T >= W else xp, segments)
     else:
         y = F.conv1d(xp.transpose(1, 2), weight.to(x.dtype), groups=P).transpose(1, 2)  # [B, T, P]
     return F.silu(y), xp[:, xp.shape[1] - (W - 1) :]
+
+
+def shifted_depthwise_conv(
+    x: torch.Tensor, weight: torch.Tensor, xp: Optional[torch.Tensor], segments: Optional[Segments] = None
+) -> torch.Tensor:
+    """The causal depthwise convolution of ``x [B, T, P]`` (kernel ``[P, 1, W]``, no SiLU) as ``W`` shifted
+    multiply-adds: the form compiled layers use, and the one that can mask each shifted term at document
+    boundaries. ``xp [B, W-1+T, P]`` is ``x`` behind its prefix (the cached inputs); None: a zero prefix,
+    each shifted term then padded with zeros (T >= W; the padded shifts compile to one read each, where
+    slices of a concatenation would be materialised first).
+
+    Inductor fuses the taps with the SiLU and the projections around them (a convolution would stay an
+    opaque library call, forward and backward). The taps are read as rows of a contiguous ``[W, P]``
+    copy of the kernel, so the fused loops run vectorised over channels; read straight from ``[P, 1, W]``
+    (stride W between channels) they compile to scalar loops, about 2x slower forward and backward.
+    """
+    T = x.shape[1]
+    W = weight.shape[-1]
+    taps = weight.to(x.dtype)[:, 0, :].t().contiguous()  # [W, P]: tap j weights x[t - (W-1-j)]
+    y = None
+    for j in range(W):
+        s = W - 1 - j
+        # [B, T, P]: x[t - s], the prefix (or zeros) before the window
+        if s == 0:
+            shifted = x
+        else:
+            shifted = xp[:, j : j + T] if xp is not None else F.pad(x[:, : T - s], (0, 0, s, 0))
+            if segments is not None:
+                shifted = shifted * segments.same_segment_as_shifted(s)  # [B, T, 1] mask: other documents add 0
+        y = shifted * taps[j] if y is None else y + shifted * taps[j]
+    return y
 
 
 @MIXERS.register("kda", KDAConfig)

@@ -277,3 +277,28 @@ def test_a_log_and_dt_bias_initialisation_options(a_log_init, gate, expect_zero)
         KDAConfig(n_heads=8, head_dim=16, gate_lower_bound=gate, dt_bias_init="zero"), BuildContext(64)
     )
     assert torch.equal(zero.dt_bias, torch.zeros_like(zero.dt_bias))
+
+
+@pytest.mark.parametrize("T", [2, 9])
+@pytest.mark.parametrize("with_prefix", [False, True])
+def test_shifted_convolution_equals_conv1d_with_gradients(T, with_prefix):
+    """The shifted multiply-add form compiled layers run (contiguous [W, P] taps, zero-padded shifts) is the
+    causal depthwise convolution: values and both gradients equal conv1d's in fp64, with and without a
+    cached prefix, for windows shorter and longer than the kernel."""
+    from components.mixers.kda import shifted_depthwise_conv
+
+    gen = torch.Generator().manual_seed(0)
+    B, P, W = 2, 6, 4
+    x = torch.randn(B, T, P, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(P, 1, W, generator=gen, dtype=torch.float64, requires_grad=True)
+    prefix = torch.randn(B, W - 1, P, generator=gen, dtype=torch.float64) if with_prefix else x.new_zeros(B, W - 1, P)
+    dy = torch.randn(B, T, P, generator=gen, dtype=torch.float64)
+    xp = torch.cat([prefix, x], dim=1)  # [B, W-1+T, P]
+    ref = F.conv1d(xp.transpose(1, 2), w, groups=P).transpose(1, 2)
+    ref_grads = torch.autograd.grad(ref, (x, w), dy)
+    # the padded form applies only to a zero prefix and windows of at least W tokens
+    y = shifted_depthwise_conv(x, w, None if not with_prefix and T >= W else xp)
+    grads = torch.autograd.grad(y, (x, w), dy)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
