@@ -4,9 +4,9 @@ A model whose sublayers all declare ``compile_friendly = True`` compiles as one 
 eager islands (KDA's chunked kernel, whose chunk size comes from the data; the MoE router's balancing
 statistics, and expert dispatches whose sizes come from the routing: padded_bmm, capacity-limited or
 non-bf16 grouped_mm; dropless bf16 grouped_mm and the blocked dispatch have fixed shapes and compile)
-compiles *layer by layer*: each decoder layer is its own compiled region, the islands run eagerly between its graphs,
-and everything
-around them (projections, norms, short convolutions, gates, activations, residual reads) is fused.
+compiles *layer by layer*: each decoder layer is its own compiled region, the islands run eagerly between its
+graphs, and everything around them (projections, norms, short convolutions, gates, activations, residual reads)
+is fused; the residual scheme's final read and the output norm are one more region.
 Layers of the same kind share compiled code; a new variant is compiled only when the layer's inputs
 differ in kind (KDA or MLA, dense or routed FFN, how many AttnRes blocks it reads), so the number of
 compilations is bounded by the model's distinct layer shapes, never by its depth alone.
@@ -67,4 +67,9 @@ def compiled_hidden(model: Decoder, mode: str, backend: str = "inductor") -> Cal
         layer.compile(dynamic=False, backend=backend)
     for depth in model.mtp:  # training-only MTP depths: one more layer each
         depth.compile(dynamic=False, backend=backend)
+    # the residual scheme's final read and the output norm: for Attention Residuals a softmax over every
+    # block summary, as much elementwise work as a layer's read (eagerly about 5% of a k3_small step)
+    residual = model.residual
+    if "finish" not in residual.__dict__:  # not compiled yet (a model handed here twice keeps one)
+        residual.finish = torch.compile(residual.finish, dynamic=False, backend=backend)
     return model.hidden_states
