@@ -13,13 +13,15 @@ per-head updates, the QB bias update), each from the same initial weights, timed
   reference);
 * ``eager auto``: the same with the expert dispatch ``auto`` chooses now (``blocked`` on the CPU in
   bf16): how much of the gain is the dispatch alone;
-* ``fast baseline``: the fast path as it stood before its kernel choices of this round (MLA's attention
-  through SDPA, ``mixers.mla.attention_kernel=sdpa``), kept as the fixed row the fast path's speed-up is
-  measured against;
+* ``fast baseline``: the fast path as it stood before this round's kernel work, kept as the fixed row the
+  fast path's speed-up is measured against: MLA's attention through SDPA
+  (``mixers.mla.attention_kernel=sdpa``), KDA's short convolutions compiled with their taps read straight
+  from the ``[P, 1, W]`` kernels (``strided_taps_conv`` below: scalar loops once compiled), and the residual
+  scheme's final read left eager;
 * ``fast``: bf16 autocast, ``auto`` dispatch, each decoder layer compiled around its remaining eager
   islands (runtime/compile.py; the blocked expert products are traced into the layer's graph), attention
-  as ``attention_kernel=auto`` picks it (bf16 products with an fp32 softmax on the CPU) -- what the
-  trainer runs now.
+  as ``attention_kernel=auto`` picks it (bf16 products with an fp32 softmax on the CPU), the short
+  convolutions vectorised over channels and the final residual read compiled -- what the trainer runs now.
 
 The eager rows keep SDPA attention too: the reference stays what it was.
 
@@ -43,6 +45,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import torch
 
@@ -53,7 +57,7 @@ from runtime.launch import validate_overrides
 
 # MLA's attention through SDPA, as every path ran it before attention_kernel existed
 SDPA = ["mixers.mla.attention_kernel=sdpa"]
-# name: (compile mode, precision, extra overrides)
+# name: (compile mode, precision, extra overrides); BASELINE also runs its kernels as they were (as_before)
 PATHS = {
     "eager fp32": ("off", "fp32", SDPA),  # auto: grouped_mm in fp32, as before
     "eager bf16": ("off", "bf16", ["ffn.dispatch=padded_bmm", *SDPA]),
@@ -67,6 +71,38 @@ BASELINE = "fast baseline"
 PLAIN = {"default fast": [], "plain fast": ["model=d256"]}
 
 
+def strided_taps_conv(x: torch.Tensor, weight: torch.Tensor, xp: Optional[torch.Tensor], segments=None) -> torch.Tensor:
+    """KDA's compiled short convolution as the fast baseline ran it: the taps read straight from the
+    ``[P, 1, W]`` kernel (stride W between channels) and every shift sliced from the concatenated prefix.
+    Same values as ``components.mixers.kda.shifted_depthwise_conv``, whose signature it takes."""
+    B, T, P = x.shape
+    W = weight.shape[-1]
+    if xp is None:
+        xp = torch.cat([x.new_zeros(B, W - 1, P), x], dim=1)  # [B, W-1+T, P]
+    w = weight.to(x.dtype)[:, 0, :]  # [P, W]
+    y = None
+    for j in range(W):
+        shifted = xp[:, j : j + T]  # [B, T, P]
+        if segments is not None and j < W - 1:
+            shifted = shifted * segments.same_segment_as_shifted(W - 1 - j)
+        y = shifted * w[:, j] if y is None else y + shifted * w[:, j]
+    return y
+
+
+@contextmanager
+def as_before() -> Iterator[None]:
+    """Run (and compile) with the fast baseline's kernels: TorchDynamo guards on the function a compiled
+    layer called, so graphs traced inside this context are used only inside it."""
+    import components.mixers.kda as kda
+
+    current = kda.shifted_depthwise_conv
+    kda.shifted_depthwise_conv = strided_taps_conv
+    try:
+        yield
+    finally:
+        kda.shifted_depthwise_conv = current
+
+
 def corpus_batches(root, n: int, batch: int, seq: int) -> list[torch.Tensor]:
     """``n`` training batches ``[batch, seq + 1]`` of the configured dataset (the embedded corpus)."""
     from components.registry import DATASETS
@@ -78,6 +114,11 @@ def corpus_batches(root, n: int, batch: int, seq: int) -> list[torch.Tensor]:
         x, y = dataset.train_batch(i)  # [batch, seq] each
         out.append(torch.cat([x, y[:, -1:]], dim=1))  # [batch, seq + 1]
     return out
+
+
+def _run_as_before(step, ids: torch.Tensor) -> torch.Tensor:
+    with as_before():
+        return step(ids)
 
 
 def matmul_peak(seconds: float = 1.0) -> float:
@@ -125,10 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     steps, tokens, flops = {}, {}, {}
     for name in names:
         compile, precision, extra = PATHS[name]
+        before = name == BASELINE
         model, step = train_setup(
-            validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision
+            validate_overrides([*overrides, *extra]),
+            torch.device("cpu"),
+            compile,
+            precision=precision,
+            compile_finish=not before,
         )
-        steps[name] = lambda s=step: s(ids)
+        steps[name] = (lambda s=step: _run_as_before(s, ids)) if before else (lambda s=step: s(ids))
         tokens[name] = args.batch * args.seq
         flops[name] = model.flops_per_token(args.seq)
     if not args.no_default:

@@ -16,13 +16,14 @@ def train_setup(
     prepare: Callable[[torch.nn.Module], None] | None = None,
     precision: str = "bf16",
     compile_backend: str = "inductor",
+    compile_finish: bool = True,
 ) -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """The decoder of ``root`` on ``device`` and a training step ``step(ids [B, T+1]) -> loss``: bf16
     autocast forward (``precision="fp32"``: none), fp32 cross-entropy plus the MTP depths' weighted loss
     and the balancer's loss, backward, the config's optimizer, the balancer's update (wired as the
     trainer's training step). ``prepare(model)`` runs before the
     optimizer is built (sharding). ``compile``: off, model (one graph) or layers (per decoder layer), as
-    runtime/compile.py compiles for the trainer."""
+    runtime/compile.py compiles for the trainer (``compile_finish``: also the residual's final read)."""
     from components.model import Decoder
     from components.objective import cross_entropy
     from components.registry import BALANCERS, OPTIMIZERS
@@ -34,7 +35,7 @@ def train_setup(
     balancer = BALANCERS.build(root.balancer)
     balancer.attach(model)
     optimizer = OPTIMIZERS.build(root.optimizer, model)
-    hidden = compiled_hidden(model, compile, compile_backend)
+    hidden = compiled_hidden(model, compile, compile_backend, compile_finish)
 
     def step(ids: torch.Tensor) -> torch.Tensor:
         x, y = ids[:, :-1], ids[:, 1:]  # [B, T] each

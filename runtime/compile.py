@@ -49,10 +49,14 @@ def distinct_layer_kinds(model: Decoder) -> int:
     return len(kinds) * (len(model.layers) + 1)
 
 
-def compiled_hidden(model: Decoder, mode: str, backend: str = "inductor") -> Callable[..., torch.Tensor]:
+def compiled_hidden(
+    model: Decoder, mode: str, backend: str = "inductor", compile_finish: bool = True
+) -> Callable[..., torch.Tensor]:
     """The model's hidden-state function under ``mode``. ``layers`` compiles each layer in place
-    (``nn.Module.compile``: parameter and state-dict names are unchanged). ``backend`` is torch.compile's
-    (tests use ``aot_eager``: the same graphs, breaks and autograd, without generating kernels)."""
+    (``nn.Module.compile``: parameter and state-dict names are unchanged) and the residual scheme's final
+    read (``compile_finish=False``: left eager, as a benchmark's reference row runs it). ``backend`` is
+    torch.compile's (tests use ``aot_eager``: the same graphs, breaks and autograd, without generating
+    kernels)."""
     if mode == "off":
         return model.hidden_states
     if mode == "model":
@@ -70,6 +74,6 @@ def compiled_hidden(model: Decoder, mode: str, backend: str = "inductor") -> Cal
     # the residual scheme's final read and the output norm: for Attention Residuals a softmax over every
     # block summary, as much elementwise work as a layer's read (eagerly about 5% of a k3_small step)
     residual = model.residual
-    if "finish" not in residual.__dict__:  # not compiled yet (a model handed here twice keeps one)
+    if compile_finish and "finish" not in residual.__dict__:  # not compiled yet (a model handed here twice keeps one)
         residual.finish = torch.compile(residual.finish, dynamic=False, backend=backend)
     return model.hidden_states
