@@ -73,7 +73,13 @@ def test_the_default_runs_guard_outlasts_an_eightfold_slowdown():
 def test_a_run_the_guard_ends_says_so_and_resumes_to_its_budget(tmp_path):
     """A guard far shorter than the run ends it early: the summary names the time guard and prints the
     plain warning; the same command with ckpt_path=last gets a whole new guard and trains to the plan."""
-    common = [*FAST, "trainer.max_steps=120", "trainer.checkpoint_every_n_steps=60", f"output_root={tmp_path}", "name=g"]
+    common = [
+        *FAST,
+        "trainer.max_steps=120",
+        "trainer.checkpoint_every_n_steps=60",
+        f"output_root={tmp_path}",
+        "name=g",
+    ]
     cut = run_train(*common, "trainer.max_time_minutes=0.002", "trainer.min_tokens_per_s=null")
     assert cut.returncode == 0, cut.stderr[-3000:]
     summary = json.loads((tmp_path / "g" / "summary.json").read_text())
