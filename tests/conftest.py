@@ -1,4 +1,5 @@
-"""Shared test setup: offline W&B and a GPU marker that skips without CUDA (helpers: tests/helpers.py)."""
+"""Shared test setup: offline W&B, a GPU marker that skips without CUDA, and one share of the cores per
+pytest-xdist worker (helpers: tests/helpers.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import os
 import pytest
 import torch
 
+from runtime.cpu_threads import threads_per_job
 from tests.helpers import run_train
+
+# under pytest-xdist each worker is one of N concurrent test processes: the cores are split between them,
+# for this process and for the training runs it starts (spinning OpenMP threads on oversubscribed cores
+# slow everything down several-fold)
+_THREADS = threads_per_job(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), dict(os.environ))
+if _THREADS:
+    os.environ.update(_THREADS)
+    torch.set_num_threads(int(_THREADS["OMP_NUM_THREADS"]))
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
