@@ -22,8 +22,7 @@ def test_the_rule_at_k3_smalls_size_is_k3_small():
         assert rebuilt[key] == k3_small[key], key
 
 
-# the cpu preset by default; -m slow adds the gpu preset's larger rungs (about 10 s of composition)
-@pytest.mark.parametrize("preset", ["cpu", pytest.param("gpu", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("preset", ["cpu", "gpu"])
 def test_every_rung_composes_in_both_arms_and_spans_8x(preset):
     p = ladder.load_preset(preset)
     for decision in ladder.decision_names():

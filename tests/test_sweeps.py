@@ -31,7 +31,6 @@ SMOKE_POINTS = {
 # the default suite runs the core studies' smoke variants; every study's jobs still compose and validate
 # below, and -m slow runs every smoke variant
 SLOW_SMOKE = {
-    "balancer",
     "default_run",
     "k3_decisions",
     "ffn_activation",

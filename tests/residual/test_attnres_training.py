@@ -17,13 +17,8 @@ DATA = {
 }
 
 
-# the default suite trains block AttnRes (K3's wiring); -m slow adds full AttnRes (block size 1 sublayer)
 @pytest.mark.parametrize(
-    "residual",
-    [
-        pytest.param(["residual=block_attnres", "residual.block_size=2"], id="block2"),
-        pytest.param(["residual=full_attnres"], id="full", marks=pytest.mark.slow),
-    ],
+    "residual", [["residual=block_attnres", "residual.block_size=2"], ["residual=full_attnres"]], ids=["block2", "full"]
 )
 # the default suite trains on MQAR (whose accuracy the depth weights serve); -m slow adds the byte corpus
 @pytest.mark.parametrize(

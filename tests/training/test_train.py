@@ -238,8 +238,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, model, accumul
 
 
 @pytest.mark.parametrize("mixer", ["kda", "mla"])
-# MQAR by default (its accuracy is what these mixers are compared on); -m slow adds the byte corpus
-@pytest.mark.parametrize("data", [pytest.param("corpus", marks=pytest.mark.slow), "mqar"])
+@pytest.mark.parametrize("data", ["corpus", "mqar"])
 def test_linear_and_latent_attention_train(tmp_path, mixer, data):
     extra = (
         ["data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048"]
