@@ -156,15 +156,18 @@ def causal_depthwise_conv(
     """
     B, T, P = x.shape
     W = weight.shape[-1]
-    zero_prefix = prefix is None
-    if prefix is None:
-        prefix = x.new_zeros(B, W - 1, P)
-    xp = torch.cat([prefix.to(x.dtype), x], dim=1)  # [B, W-1+T, P]
-    if torch.compiler.is_compiling() or segments is not None:
-        y = shifted_depthwise_conv(x, weight, None if zero_prefix and T >= W else xp, segments)
+    shifted_form = torch.compiler.is_compiling() or segments is not None
+    # x behind its prefix, [B, W-1+T, P]: a full copy, made only where something reads it (conv1d, a cached
+    # prefix, or a window shorter than the kernel); the shifted form pads a zero prefix per term instead
+    xp = None
+    if not shifted_form or prefix is not None or T < W:
+        xp = torch.cat([x.new_zeros(B, W - 1, P) if prefix is None else prefix.to(x.dtype), x], dim=1)
+    if shifted_form:
+        y = shifted_depthwise_conv(x, weight, xp, segments)
     else:
         y = F.conv1d(xp.transpose(1, 2), weight.to(x.dtype), groups=P).transpose(1, 2)  # [B, T, P]
-    return F.silu(y), xp[:, xp.shape[1] - (W - 1) :]
+    new_prefix = x[:, T - (W - 1) :] if xp is None else xp[:, T:]  # the last W-1 inputs
+    return F.silu(y), new_prefix
 
 
 def shifted_depthwise_conv(
