@@ -5,7 +5,10 @@
   softmax in fp32 (a bf16 product accumulates in fp32 and rounds its output once: the usual eager
   attention's numerics). On the CPU, SDPA computes bf16 inputs in fp32 products (about a
   third of the bf16 rate at these head sizes), so this form is 1.6-1.9x faster there, forward and
-  backward, with the softmax fused into the layer's compiled graph.
+  backward, with the softmax fused into the layer's compiled graph. Queries go in blocks of
+  ``QUERY_BLOCK`` rows, each over the keys up to its last visible one, so most of the masked upper
+  triangle is never computed (the softmax passes are memory-bound on a CPU: at T = 256, two blocks
+  cut a compiled forward + backward by about 40%).
 * ``auto``: ``matmul`` for bf16 / fp16 tensors on the CPU, ``sdpa`` everywhere else.
 
 The T queries are the last T of the S key positions (S = T in training, S > T when decoding from a
@@ -20,6 +23,8 @@ import torch
 import torch.nn.functional as F
 
 ATTENTION_KERNELS = ("auto", "sdpa", "matmul")
+# query rows per block of the matmul kernel (sequences up to this length run as one block)
+QUERY_BLOCK = 128
 
 
 def causal_mask(T: int, S: int, device: torch.device) -> torch.Tensor:
@@ -55,6 +60,29 @@ def matmul_attention(
     return torch.matmul(probs, v)
 
 
+def blocked_matmul_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    mask: Optional[torch.Tensor] = None,
+    block: int = QUERY_BLOCK,
+) -> torch.Tensor:
+    """``matmul_attention`` over blocks of ``block`` query rows, each block over keys 0..(its last query's
+    position) only: the keys after it are masked for every query of the block (causal; ``mask`` must be
+    too), so they are left out instead of computed and masked. Same arguments and result."""
+    T, S = q.shape[-2], k.shape[-2]
+    if T <= block:
+        return matmul_attention(q, k, v, scale, mask)
+    outs = []
+    for start in range(0, T, block):
+        stop = min(start + block, T)
+        keys = S - T + stop  # the block's last query sees keys 0..keys-1
+        rows = None if mask is None else mask[..., start:stop, :keys]
+        outs.append(matmul_attention(q[..., start:stop, :], k[..., :keys, :], v[..., :keys, :], scale, rows))
+    return torch.cat(outs, dim=-2)  # [B, H, T, Dv]
+
+
 def causal_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -82,4 +110,4 @@ def causal_attention(
         mask = None
     else:
         mask = causal_mask(T, S, q.device)
-    return matmul_attention(q, k, v, scale, mask)
+    return blocked_matmul_attention(q, k, v, scale, mask)

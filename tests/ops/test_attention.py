@@ -6,7 +6,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from components.ops.attention import causal_attention, resolve_attention_kernel
+from components.ops.attention import (
+    QUERY_BLOCK,
+    blocked_matmul_attention,
+    causal_attention,
+    causal_mask,
+    resolve_attention_kernel,
+)
 from components.registry import ConfigError
 
 B, H, D, DV = 2, 3, 24, 16
@@ -38,6 +44,40 @@ def test_matmul_kernel_matches_sdpa_in_fp64(T, S):
     inputs = _inputs(T, S, torch.float64)
     o_ref, g_ref = _run("sdpa", inputs, scale=0.3)
     o, g = _run("matmul", inputs, scale=0.3)
+    torch.testing.assert_close(o, o_ref, atol=1e-12, rtol=1e-12)
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("block", [4, 5])
+@pytest.mark.parametrize("T,S,documents", [(12, 12, False), (12, 12, True), (10, 13, False)])
+def test_query_blocks_match_sdpa_in_fp64(T, S, documents, block):
+    """Blocks of query rows over their visible keys only (ragged last block, queries after cached keys,
+    document masks) give SDPA's values and gradients."""
+    inputs = _inputs(T, S, torch.float64, seed=3)
+    mask = _doc_mask(T) if documents else causal_mask(T, S, torch.device("cpu"))
+    o_ref, g_ref = _run("sdpa", inputs, doc_mask=mask if documents else None, scale=0.3)
+    q, k, v = inputs
+    o = blocked_matmul_attention(q, k, v, 0.3, mask, block=block)
+    g = torch.autograd.grad(o, (q, k, v), torch.ones_like(o).mul_(torch.linspace(-1, 1, o.shape[-1])))
+    torch.testing.assert_close(o, o_ref, atol=1e-12, rtol=1e-12)
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_matmul_kernel_runs_query_blocks_beyond_one_block(monkeypatch):
+    """Past ``QUERY_BLOCK`` queries the matmul kernel computes one block of rows at a time, each over keys
+    up to its last query, and still equals SDPA."""
+    import components.ops.attention as op
+
+    key_lengths = []
+    real = op.matmul_attention
+    monkeypatch.setattr(op, "matmul_attention", lambda q, k, *a: key_lengths.append(k.shape[-2]) or real(q, k, *a))
+    T = QUERY_BLOCK + 3
+    inputs = _inputs(T, T, torch.float64, seed=4)
+    o_ref, g_ref = _run("sdpa", inputs)
+    o, g = _run("matmul", inputs)
+    assert key_lengths == [QUERY_BLOCK, T]
     torch.testing.assert_close(o, o_ref, atol=1e-12, rtol=1e-12)
     for a, b in zip(g, g_ref):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
