@@ -4,7 +4,9 @@
 
 Five ways to run one training step (forward, fp32 loss with the MTP depth's, backward, Muon with
 per-head updates, the QB bias update), each from the same initial weights, timed in interleaved rounds
-(one step of each per round, order rotated) so background load hits all alike:
+(one step of each per round, order rotated) so background load hits all alike, each timed step right after
+an untimed one of its own (the steady state of a run that trains one model: after another model's step the
+heap is rearranged and the next step faults in fresh pages, which tripled the default model's step):
 
 * ``eager fp32``: no autocast, no compile;
 * ``eager bf16``: bf16 autocast, no compile, experts dispatched as one padded product per expert
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             tokens[name] = root.data.batch_size * root.data.seq_len
             flops[name] = model.flops_per_token(root.data.seq_len)
     t0 = time.perf_counter()
-    sec = medians(time_interleaved(steps, args.rounds, warmup=args.warmup))
+    sec = medians(time_interleaved(steps, args.rounds, warmup=args.warmup, settle=1))
     peak = max(peak_before, matmul_peak())
     ref = sec.get(REFERENCE)
     print(f"bf16 matrix-product peak of this machine: {peak / 1e9:,.0f} GFLOP/s")

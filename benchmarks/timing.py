@@ -16,13 +16,18 @@ def time_interleaved(
     repeats: int | Mapping[str, int],
     warmup: int = 1,
     sync: Callable[[], object] | None = None,
+    settle: int = 0,
 ) -> dict[str, list[float]]:
     """Seconds per call for each fn, measured in interleaved rounds.
 
     ``repeats`` is the number of rounds, or a per-name number of timed calls (a slow candidate
     can take part in only the first few rounds while the others run in all of them). Each fn
     gets ``warmup`` untimed calls first. ``sync`` (e.g. ``torch.cuda.synchronize``) runs before
-    every clock read.
+    every clock read. ``settle``: untimed calls of the same fn right before each timed one. Whole
+    training steps of different models in one process rearrange the heap for one another: the
+    step after another model's reuses none of its own freed blocks and faults in fresh pages (a
+    0.2 s step measured 0.7-1.2 s that way on a 2-core VM); one settling call measures each in the
+    steady state it has when it trains alone, as a run does.
     """
     names = list(fns)
     counts = {n: repeats for n in names} if isinstance(repeats, int) else {n: int(repeats[n]) for n in names}
@@ -37,6 +42,8 @@ def time_interleaved(
             n = names[(i + r) % len(names)]
             if len(times[n]) >= counts[n]:
                 continue
+            for _ in range(settle):
+                fns[n]()
             sync()
             t0 = time.perf_counter()
             fns[n]()
