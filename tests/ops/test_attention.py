@@ -34,19 +34,25 @@ def _doc_mask(T: int) -> torch.Tensor:
 
 def _run(kernel: str, inputs: tuple[torch.Tensor, ...], doc_mask=None, scale=None):
     q, k, v = inputs
-    o = causal_attention(q, k, v, scale=scale, doc_mask=doc_mask, kernel=kernel)
-    grads = torch.autograd.grad(o, (q, k, v), torch.ones_like(o).mul_(torch.linspace(-1, 1, o.shape[-1])))
-    return o, grads
+    return _with_grads(causal_attention(q, k, v, scale=scale, doc_mask=doc_mask, kernel=kernel), inputs)
+
+
+def _with_grads(o: torch.Tensor, inputs: tuple[torch.Tensor, ...]):
+    # (o, grads of q, k, v) for a cotangent that weights o's channels differently
+    return o, torch.autograd.grad(o, inputs, torch.ones_like(o).mul_(torch.linspace(-1, 1, o.shape[-1])))
+
+
+def _assert_fp64_equal(result, reference) -> None:
+    (o, grads), (o_ref, grads_ref) = result, reference
+    torch.testing.assert_close(o, o_ref, atol=1e-12, rtol=1e-12)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("T,S", [(12, 12), (1, 9), (4, 11)])
 def test_matmul_kernel_matches_sdpa_in_fp64(T, S):
     inputs = _inputs(T, S, torch.float64)
-    o_ref, g_ref = _run("sdpa", inputs, scale=0.3)
-    o, g = _run("matmul", inputs, scale=0.3)
-    torch.testing.assert_close(o, o_ref, atol=1e-12, rtol=1e-12)
-    for a, b in zip(g, g_ref):
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    _assert_fp64_equal(_run("matmul", inputs, scale=0.3), _run("sdpa", inputs, scale=0.3))
 
 
 @pytest.mark.parametrize("block", [4, 5])
@@ -56,13 +62,8 @@ def test_query_blocks_match_sdpa_in_fp64(T, S, documents, block):
     document masks) give SDPA's values and gradients."""
     inputs = _inputs(T, S, torch.float64, seed=3)
     mask = _doc_mask(T) if documents else causal_mask(T, S, torch.device("cpu"))
-    o_ref, g_ref = _run("sdpa", inputs, doc_mask=mask if documents else None, scale=0.3)
-    q, k, v = inputs
-    o = blocked_matmul_attention(q, k, v, 0.3, mask, block=block)
-    g = torch.autograd.grad(o, (q, k, v), torch.ones_like(o).mul_(torch.linspace(-1, 1, o.shape[-1])))
-    torch.testing.assert_close(o, o_ref, atol=1e-12, rtol=1e-12)
-    for a, b in zip(g, g_ref):
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    blocked = _with_grads(blocked_matmul_attention(*inputs, 0.3, mask, block=block), inputs)
+    _assert_fp64_equal(blocked, _run("sdpa", inputs, doc_mask=mask if documents else None, scale=0.3))
 
 
 def test_matmul_kernel_runs_query_blocks_beyond_one_block(monkeypatch):
@@ -75,22 +76,18 @@ def test_matmul_kernel_runs_query_blocks_beyond_one_block(monkeypatch):
     monkeypatch.setattr(op, "matmul_attention", lambda q, k, *a: key_lengths.append(k.shape[-2]) or real(q, k, *a))
     T = QUERY_BLOCK + 3
     inputs = _inputs(T, T, torch.float64, seed=4)
-    o_ref, g_ref = _run("sdpa", inputs)
-    o, g = _run("matmul", inputs)
+    reference = _run("sdpa", inputs)
+    result = _run("matmul", inputs)
     assert key_lengths == [QUERY_BLOCK, T]
-    torch.testing.assert_close(o, o_ref, atol=1e-12, rtol=1e-12)
-    for a, b in zip(g, g_ref):
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    _assert_fp64_equal(result, reference)
 
 
 def test_matmul_kernel_matches_sdpa_with_documents():
     inputs = _inputs(12, 12, torch.float64, seed=1)
     mask = _doc_mask(12)
-    o_ref, g_ref = _run("sdpa", inputs, doc_mask=mask)
-    o, g = _run("matmul", inputs, doc_mask=mask)
-    torch.testing.assert_close(o, o_ref, atol=1e-12, rtol=1e-12)
-    for a, b in zip(g, g_ref):
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    result = _run("matmul", inputs, doc_mask=mask)
+    _assert_fp64_equal(result, _run("sdpa", inputs, doc_mask=mask))
+    o = result[0]
     # the first token of row 0's second document sees only itself: its output is its own value
     torch.testing.assert_close(o[0, :, 5], inputs[2][0, :, 5], atol=1e-12, rtol=0)
 
