@@ -4,7 +4,8 @@ Wall-clock spans between module hooks: a forward pre-hook and hook around each m
 backward pre-hook and hook around its backward (on the CPU every op is synchronous, so the span is the
 module's own work). Spans of modules nested in others are subtracted from their parents, so each row is
 exclusive and the rows add up to the measured step. KDA's chunked kernel is timed inside its autograd
-function (forward and hand-written backward), the optimizer's Newton-Schulz inside Muon.
+function (forward and hand-written backward; the batched form's or the native CPU kernel's), the
+optimizer's Newton-Schulz inside Muon.
 
 Rows: the component kinds of the model (``kda mixer``: the projections, convolutions, gates and norms
 around the kernel; ``kda chunk kernel``; ``mla mixer``; ``router``; ``routed experts``; ``shared experts``;
@@ -85,6 +86,7 @@ def component_times(
     """Seconds per step by row (exclusive, averaged over ``steps`` eager steps of ``step(ids)``) and the
     measured seconds per step. The step must run the model eagerly (hooks do not fire in compiled code)."""
     from components.ops import kda as kda_ops
+    from components.ops import kda_cpu
     from components.optim import muon
 
     spans = _Spans()
@@ -120,6 +122,8 @@ def component_times(
         with (
             _wrapped(kda_ops._ChunkKDA, "forward", timed("kda chunk kernel")),
             _wrapped(kda_ops._ChunkKDA, "backward", timed("kda chunk kernel")),
+            _wrapped(kda_cpu._NativeChunkKDA, "forward", timed("kda chunk kernel")),
+            _wrapped(kda_cpu._NativeChunkKDA, "backward", timed("kda chunk kernel")),
             _wrapped(muon, "newton_schulz", timed("optimizer: Newton-Schulz")),
             _wrapped(muon.Muon, "step", timed("optimizer: the rest")),
         ):

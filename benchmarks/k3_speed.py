@@ -18,14 +18,17 @@ heap is rearranged and the next step faults in fresh pages, which tripled the de
 * ``fast baseline``: the fast path as it stood before this round's kernel work, kept as the fixed row the
   fast path's speed-up is measured against: MLA's attention through SDPA
   (``mixers.mla.attention_kernel=sdpa``), KDA's short convolutions compiled with their taps read straight
-  from the ``[P, 1, W]`` kernels (``strided_taps_conv`` below: scalar loops once compiled), and the residual
-  scheme's final read left eager;
+  from the ``[P, 1, W]`` kernels (``strided_taps_conv`` below: scalar loops once compiled), KDA's chunked
+  core as the batched PyTorch form (``chunk_kda(kernel="batched")``, not the native CPU kernel), and the
+  residual scheme's final read left eager;
 * ``fast``: bf16 autocast, ``auto`` dispatch, each decoder layer compiled around its remaining eager
   islands (runtime/compile.py; the blocked expert products are traced into the layer's graph), attention
   as ``attention_kernel=auto`` picks it (bf16 products with an fp32 softmax on the CPU), the short
-  convolutions vectorised over channels and the final residual read compiled -- what the trainer runs now.
+  convolutions vectorised over channels, KDA's chunked core on the native CPU kernel
+  (``components/ops/kda_cpu.py``) and the final residual read compiled -- what the trainer runs now.
 
-The eager rows keep SDPA attention too: the reference stays what it was.
+The eager rows keep SDPA attention and the batched KDA core too: the reference stays what it was, and the
+loss curves below compare the fast path's native KDA kernel against it.
 
 Beside them, in the same interleaved rounds, two plain decoders compiled as the trainer compiles them:
 ``default fast``, the default model (the README's run: GQA, dense SiTU-GLU, BPE 8,192, batch 16 x 256,
@@ -38,6 +41,12 @@ same run (the best of square products of 1,024 to 2,048, before and after the ro
 k3_small's fast-path FLOP rate as a fraction of each plain decoder's. ``--components`` adds where an eager
 step of k3_small spends its time (``benchmarks/component_times.py``).
 
+``--ablations`` adds what each K3 decision costs on the fast path, where compiled graphs fuse the components
+and an eager table cannot say it: every ``experiment=k3_small_<name>`` ablation (each swaps one decision:
+plain residual for block AttnRes, no MTP layer, SwiGLU for SiTU-GLU, MLA for KDA, ...) trained on the fast
+path in the same interleaved rounds, reported as its step time against k3_small's (``--ablations
+swiglu,no_mtp`` runs a subset).
+
 Then the loss curves: ``--curve-steps`` steps of the eager reference, of the fast path and of eager fp32
 from the same weights on the same corpus batches; the fast path's differences from the reference are
 printed beside the reference's own differences from fp32, the size of bf16 noise on this run.
@@ -46,8 +55,10 @@ printed beside the reference's own differences from fp32, the size of bf16 noise
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
@@ -55,7 +66,7 @@ import torch
 from benchmarks.timing import medians, time_interleaved
 from benchmarks.train_step import train_setup
 from runtime.cpu_allocator import keep_freed_memory
-from runtime.launch import validate_overrides
+from runtime.launch import conf_dir, validate_overrides
 
 # MLA's attention through SDPA, as every path ran it before attention_kernel existed
 SDPA = ["mixers.mla.attention_kernel=sdpa"]
@@ -71,6 +82,25 @@ REFERENCE = "eager bf16"
 BASELINE = "fast baseline"
 # plain decoders, as the trainer runs them: the default model, and the same composition at k3_small's width
 PLAIN = {"default fast": [], "plain fast": ["model=d256"]}
+
+
+ABLATION_PREFIX = "k3_small_"
+
+
+def ablations() -> dict[str, str]:
+    """The one-decision ablations of k3_small in ``conf/experiment`` (``k3_small_<name>.yaml``): name -> what it
+    swaps (the file's opening comment up to its first parenthesis, colon or full stop)."""
+    found = {}
+    for path in sorted(Path(conf_dir(), "experiment").glob(f"{ABLATION_PREFIX}*.yaml")):
+        comment = []
+        for line in path.read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            if "@package" not in line:
+                comment.append(line.lstrip("# "))
+        text = re.split(r" \(|: |\. |\.$", " ".join(comment), maxsplit=1)[0]
+        found[path.stem[len(ABLATION_PREFIX) :]] = text.removeprefix("k3_small ")
+    return found
 
 
 def strided_taps_conv(x: torch.Tensor, weight: torch.Tensor, xp: Optional[torch.Tensor], segments=None) -> torch.Tensor:
@@ -92,6 +122,25 @@ def strided_taps_conv(x: torch.Tensor, weight: torch.Tensor, xp: Optional[torch.
 
 
 @contextmanager
+def batched_kda_core() -> Iterator[None]:
+    """Run KDA's chunked core as the batched PyTorch form (``chunk_kda(kernel="batched")``) instead of the
+    native CPU kernel: the eager rows and the fast baseline run it, as they did when they were fixed. The
+    core is an eager island, so the switch holds inside compiled layers too."""
+    import components.ops.kda as kda_ops
+
+    native = kda_ops.native_available
+    kda_ops.native_available = _not_available
+    try:
+        yield
+    finally:
+        kda_ops.native_available = native
+
+
+def _not_available() -> bool:
+    return False
+
+
+@contextmanager
 def as_before() -> Iterator[None]:
     """Run (and compile) with the fast baseline's kernels: TorchDynamo guards on the function a compiled
     layer called, so graphs traced inside this context are used only inside it."""
@@ -100,7 +149,8 @@ def as_before() -> Iterator[None]:
     current = kda.shifted_depthwise_conv
     kda.shifted_depthwise_conv = strided_taps_conv
     try:
-        yield
+        with batched_kda_core():
+            yield
     finally:
         kda.shifted_depthwise_conv = current
 
@@ -121,6 +171,19 @@ def corpus_batches(root, n: int, batch: int, seq: int) -> list[torch.Tensor]:
 def _run_as_before(step, ids: torch.Tensor) -> torch.Tensor:
     with as_before():
         return step(ids)
+
+
+def _run_batched(step, ids: torch.Tensor) -> torch.Tensor:
+    with batched_kda_core():
+        return step(ids)
+
+
+def _runner(name: str):
+    """How path ``name`` runs a step: the fast path as the trainer does, the baseline with its old kernels,
+    the eager rows with the batched KDA core."""
+    if name == BASELINE:
+        return _run_as_before
+    return (lambda step, ids: step(ids)) if name == "fast" else _run_batched
 
 
 def matmul_peak(seconds: float = 1.0) -> float:
@@ -149,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of: " + ", ".join(PATHS))
     ap.add_argument("--no-default", action="store_true", help="leave out the plain decoders' rows")
     ap.add_argument("--components", action="store_true", help="also the per-component table of an eager step")
+    ap.add_argument(
+        "--ablations",
+        nargs="?",
+        const="all",
+        default="",
+        help="also the fast path of each k3_small_<name> ablation (all, or comma-separated names)",
+    )
     ap.add_argument("overrides", nargs="*", help="config overrides after experiment=k3_small")
     args = ap.parse_args(argv)
     overrides = ["experiment=k3_small", *args.overrides]
@@ -156,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(names) - set(PATHS)
     if unknown:
         ap.error(f"--paths: unknown {sorted(unknown)}; choose from {', '.join(PATHS)}")
+    known = ablations()
+    swapped = list(known) if args.ablations == "all" else [n for n in args.ablations.split(",") if n]
+    if set(swapped) - set(known):
+        ap.error(f"--ablations: unknown {sorted(set(swapped) - set(known))}; choose from all, {', '.join(known)}")
+    if swapped and "fast" not in names:
+        ap.error("--ablations compares against the fast path: keep 'fast' in --paths")
 
     keep_freed_memory()  # as the trainer does on the CPU, for every path alike
     print(
@@ -168,15 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     steps, tokens, flops = {}, {}, {}
     for name in names:
         compile, precision, extra = PATHS[name]
-        before = name == BASELINE
         model, step = train_setup(
             validate_overrides([*overrides, *extra]),
             torch.device("cpu"),
             compile,
             precision=precision,
-            compile_finish=not before,
+            compile_finish=name != BASELINE,
         )
-        steps[name] = (lambda s=step: _run_as_before(s, ids)) if before else (lambda s=step: s(ids))
+        steps[name] = lambda s=step, run=_runner(name): run(s, ids)
         tokens[name] = args.batch * args.seq
         flops[name] = model.flops_per_token(args.seq)
     if not args.no_default:
@@ -192,6 +267,13 @@ def main(argv: list[str] | None = None) -> int:
             steps[name] = lambda s=step, ids=plain_ids: s(ids)
             tokens[name] = root.data.batch_size * root.data.seq_len
             flops[name] = model.flops_per_token(root.data.seq_len)
+    for name in swapped:
+        compile, precision, extra = PATHS["fast"]
+        root = validate_overrides([f"experiment={ABLATION_PREFIX}{name}", *args.overrides, *extra])
+        model, step = train_setup(root, torch.device("cpu"), compile, precision=precision)
+        steps[ABLATION_PREFIX + name] = lambda s=step: s(ids)
+        tokens[ABLATION_PREFIX + name] = args.batch * args.seq
+        flops[ABLATION_PREFIX + name] = model.flops_per_token(args.seq)
     t0 = time.perf_counter()
     sec = medians(time_interleaved(steps, args.rounds, warmup=args.warmup, settle=1))
     peak = max(peak_before, matmul_peak())
@@ -201,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'path':14s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/tok':>10s} {'GFLOP/s':>8s} {'MFU':>6s} "
         f"{'vs ' + REFERENCE:>14s}"
     )
-    for name in steps:
+    for name in (n for n in steps if not n.startswith(ABLATION_PREFIX)):
         rate = tokens[name] / sec[name]
         ratio = f"{ref / sec[name]:.2f}x" if ref and name in PATHS else "-"
         print(
@@ -214,6 +296,16 @@ def main(argv: list[str] | None = None) -> int:
         if "fast" in steps and name in steps:
             share = (tokens["fast"] / sec["fast"] * flops["fast"]) / (tokens[name] / sec[name] * flops[name])
             print(f"k3_small fast path: {share:.0%} of the FLOP rate of {name}")
+    if swapped:
+        print("\nwhat each K3 decision costs on the fast path: k3_small's fast step against each ablation's")
+        print(f"{'ablation':26s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/tok':>10s} {'k3_small vs it':>15s}  swaps")
+        for name in swapped:
+            key = ABLATION_PREFIX + name
+            extra_time = sec["fast"] / sec[key] - 1  # > 0: the K3 decision costs this much step time
+            print(
+                f"{key:26s} {sec[key]:8.3f} {tokens[key] / sec[key]:9,.0f} {flops[key] / 1e9:10.4f} "
+                f"{extra_time:+15.1%}  {known[name]}"
+            )
     print(f"(measured in {time.perf_counter() - t0:.0f} s, compilation included)")
 
     if args.components:
@@ -235,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             _, step = train_setup(
                 validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision
             )
-            curves[name] = [float(step(b)) for b in batches]
+            curves[name] = [float(_runner(name)(step, b)) for b in batches]
 
         def gap(a: str, b: str) -> str:
             diff = [abs(x - y) for x, y in zip(curves[a], curves[b])]

@@ -30,8 +30,11 @@ from torch.autograd.function import once_differentiable
 
 from components.nn.eager_island import eager_island
 from components.nn.segments import Segments
+from components.ops.kda_cpu import SPAN_LIMIT, max_chunk_span, native_available, native_chunk_kda
 
 __all__ = ["chunk_kda", "kda_gate", "l2norm", "recurrent_kda"]
+
+KERNELS = ("auto", "native", "batched")
 
 
 def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
@@ -589,6 +592,7 @@ def chunk_kda(
     chunk_size: int = 64,
     segments: Segments | None = None,
     compute_dtype: torch.dtype | None = None,
+    kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked KDA (WY / UT form, docs/k3.md §2.5); same contract and result as ``recurrent_kda``.
 
@@ -608,7 +612,14 @@ def chunk_kda(
 
     ``compute_dtype``: the dtype the chunked form computes in instead of fp32 (fp64 for fp64 inputs); bf16
     measures what bf16 arithmetic costs this algorithm (the tolerances of benchmarks/gpu_check.py).
+
+    ``kernel``: ``batched`` (every step one PyTorch op over all chunks: any device), ``native`` (one native CPU
+    kernel per (batch, head) pair, ``components/ops/kda_cpu.py``: CPU tensors, fp32 or fp64 compute, chunks
+    whose log-decay spans its midpoint factorisation takes, at most halved to 16 tokens) or ``auto`` (native
+    where it applies, batched elsewhere).
     """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if chunk_size < _MIN_CHUNK or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two >= {_MIN_CHUNK}, got {chunk_size}")
     _check_segments(segments, q, initial_state)
@@ -623,14 +634,69 @@ def chunk_kda(
         return v.new_zeros(B, 0, HV, V), S
     q, k = _expand_heads(q, k, HV)
     o, final = _chunk_kda_apply(
-        q, k, v, g, beta, initial_state, float(scale), chunk_size, output_final_state, segments, compute_dtype
+        q, k, v, g, beta, initial_state, float(scale), chunk_size, output_final_state, segments, compute_dtype, kernel
     )
     return o, (final if output_final_state else None)
 
 
+def _native_chunk(q, k, v, g, beta, initial_state, chunk_size, compute_dtype, kernel) -> int | None:
+    """The chunk size the native kernel runs these inputs at, or None where the batched form runs them
+    (``kernel="native"`` raises instead, naming why)."""
+    if kernel == "batched":
+        return None
+    dt = _compute_dtype(q, k, v, g, beta, initial_state)
+    why = None
+    if q.device.type != "cpu":
+        why = f"the inputs are on {q.device.type}, not the CPU"
+    elif compute_dtype not in (None, dt):
+        why = f"compute_dtype={compute_dtype} (it computes in {dt})"
+    elif any(t.dtype not in (torch.bfloat16, torch.float32, torch.float64) for t in (q, k, v)):
+        why = f"q/k/v are {q.dtype}/{k.dtype}/{v.dtype} (bf16, fp32 or fp64 only)"
+    elif not native_available():
+        why = "it could not be built on this machine"
+    chunk = chunk_size
+    if why is None:
+        gc = g.to(dt).contiguous()
+        while max_chunk_span(gc, chunk) > SPAN_LIMIT[dt] and chunk > _MIN_CHUNK:
+            chunk //= 2
+        if max_chunk_span(gc, chunk) > SPAN_LIMIT[dt]:
+            why = f"some {chunk}-token chunk decays by more than {SPAN_LIMIT[dt]:g} (log), beyond its factorisation"
+    if why is None:
+        return chunk
+    if kernel == "native":
+        raise ValueError(f"chunk_kda(kernel='native'): not applicable: {why}")
+    return None
+
+
+def _run_chunked(q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, resets, compute_dtype, kernel):
+    chunk = _native_chunk(q, k, v, g, beta, initial_state, chunk_size, compute_dtype, kernel)
+    if chunk is None:
+        return _ChunkKDA.apply(
+            q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, resets, compute_dtype
+        )
+    dt = _compute_dtype(q, k, v, g, beta, initial_state)
+    # one dtype for q, k, v: theirs where they agree (bf16 stays bf16), the compute dtype where they do not
+    io = q.dtype if q.dtype == k.dtype == v.dtype and dt != torch.float64 else dt
+    o, final = native_chunk_kda(
+        q.to(io), k.to(io), v.to(io), g.to(dt), beta.to(dt), scale, chunk, initial_state, resets
+    )
+    return o.to(v.dtype), (final.clone() if output_final_state else None)
+
+
 @eager_island
 def _chunk_kda_apply(
-    q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, segments=None, compute_dtype=None
+    q,
+    k,
+    v,
+    g,
+    beta,
+    initial_state,
+    scale,
+    chunk_size,
+    output_final_state,
+    segments=None,
+    compute_dtype=None,
+    kernel="auto",
 ):
     # An opaque island inside a compiled region: the chunk size is chosen from the data (one host read of
     # the largest chunk log-decay), the hand-written backward loops over chunks, and every op inside is
@@ -638,13 +704,13 @@ def _chunk_kda_apply(
     # segments the document layout (another host read, sizes from the data) is made here too, so a
     # compiled layer sees the same shapes whatever the documents.
     if segments is None:
-        return _ChunkKDA.apply(
-            q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, None, compute_dtype
+        return _run_chunked(
+            q, k, v, g, beta, initial_state, scale, chunk_size, output_final_state, None, compute_dtype, kernel
         )
     T = q.shape[1]
     packing = segments.packing(chunk_size, _MIN_CHUNK)
     packed = [packing.pack(x) for x in (q, k, v, g, beta)]  # [B, length, ...], zeros between documents
-    o, final = _ChunkKDA.apply(
-        *packed, initial_state, scale, packing.align, output_final_state, packing.starts, compute_dtype
+    o, final = _run_chunked(
+        *packed, initial_state, scale, packing.align, output_final_state, packing.starts, compute_dtype, kernel
     )
     return packing.unpack(o, T), final

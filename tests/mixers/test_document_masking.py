@@ -156,13 +156,14 @@ def cuts_to_ids(T: int, cuts: list[list[int]]) -> torch.Tensor:
         ("bound", [[70], [1, 100]]),  # the kernel halves its chunks below the alignment
     ],
 )
-def test_chunked_kda_with_resets_equals_the_recurrence(chunk_size, gate, cuts):
+@pytest.mark.parametrize("kernel", ["auto", "batched"])  # auto: the native CPU kernel
+def test_chunked_kda_with_resets_equals_the_recurrence(kernel, chunk_size, gate, cuts):
     T = 130
     segments = Segments(cuts_to_ids(T, cuts))
     inputs = kda_inputs(2, T, gate, seed=chunk_size)
     xs = [x.clone().requires_grad_() for x in inputs]
     ys = [x.clone().requires_grad_() for x in inputs]
-    o, S = chunk_kda(*xs, chunk_size=chunk_size, output_final_state=True, segments=segments)
+    o, S = chunk_kda(*xs, chunk_size=chunk_size, output_final_state=True, segments=segments, kernel=kernel)
     o_ref, S_ref = recurrent_kda(*ys, output_final_state=True, segments=segments)
     torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-12)
     torch.testing.assert_close(S, S_ref, rtol=0, atol=1e-12)

@@ -66,11 +66,14 @@ def _close(a, b, atol, rtol=0.0):
 @pytest.mark.parametrize("init", [False, True])
 @pytest.mark.parametrize("chunk_size", [16, 64])
 @pytest.mark.parametrize("T", [1, 17, 64, 130])
-def test_chunk_matches_recurrent_and_fla(T, chunk_size, init, gate):
+@pytest.mark.parametrize("kernel", ["auto", "batched"])  # auto: the native CPU kernel where it applies
+def test_chunk_matches_recurrent_and_fla(kernel, T, chunk_size, init, gate):
     q, k, v, g, beta, S0 = _inputs(T=T, gate=gate, init=init, seed=T + chunk_size)
     o_ref, S_ref = naive_recurrent_kda(q, k, v, g, beta, initial_state=S0, output_final_state=True)
     o_rec, S_rec = recurrent_kda(q, k, v, g, beta, initial_state=S0, output_final_state=True)
-    o_chk, S_chk = chunk_kda(q, k, v, g, beta, initial_state=S0, output_final_state=True, chunk_size=chunk_size)
+    o_chk, S_chk = chunk_kda(
+        q, k, v, g, beta, initial_state=S0, output_final_state=True, chunk_size=chunk_size, kernel=kernel
+    )
     assert o_chk.shape == o_ref.shape and o_chk.dtype == v.dtype
     assert S_chk.shape == S_ref.shape and S_chk.dtype == torch.float32
     _close(o_rec, o_ref, 1e-5)
@@ -92,7 +95,7 @@ def test_matches_fla_naive_chunk():
     [("mild", 64, "ref0"), ("mid", 64, "mid"), ("lb", None, None), ("bound", 16, "mid"), ("huge", 16, "pairwise")],
 )
 def test_every_path_matches_recurrence(gate, chunk, mode):
-    # each numerical path of chunk_kda (and the chunk halving) against the recurrence, with grads
+    # each numerical path of the batched form (and its chunk halving) against the recurrence, with grads
     xs = _inputs(T=70, K=32, gate=gate, init=True, seed=5, grad=True)
     q, k, v, g, beta, S0 = xs
     C, _, got = _choose_chunking(g.detach(), 64, torch.float32)
@@ -101,7 +104,7 @@ def test_every_path_matches_recurrence(gate, chunk, mode):
     else:
         assert (C, got) == (chunk, mode)
     o1, S1 = recurrent_kda(q, k, v, g, beta, initial_state=S0, output_final_state=True)
-    o2, S2 = chunk_kda(q, k, v, g, beta, initial_state=S0, output_final_state=True)
+    o2, S2 = chunk_kda(q, k, v, g, beta, initial_state=S0, output_final_state=True, kernel="batched")
     _close(o2, o1, 1e-5)
     _close(S2, S1, 1e-5)
     w, ws = torch.randn_like(o1), torch.randn_like(S1)
@@ -113,11 +116,14 @@ def test_every_path_matches_recurrence(gate, chunk, mode):
 
 @pytest.mark.parametrize("gate", ["lb", "bound", "softplus"])
 @pytest.mark.parametrize("T, chunk_size", [(17, 16), (130, 64), (96, 32)])
-def test_float64_agreement_with_grads(T, chunk_size, gate):
+@pytest.mark.parametrize("kernel", ["auto", "batched"])
+def test_float64_agreement_with_grads(kernel, T, chunk_size, gate):
     xs = _inputs(T=T, gate=gate, dtype=torch.float64, init=True, seed=7, grad=True)
     q, k, v, g, beta, S0 = xs
     o1, S1 = recurrent_kda(q, k, v, g, beta, initial_state=S0, output_final_state=True)
-    o2, S2 = chunk_kda(q, k, v, g, beta, initial_state=S0, output_final_state=True, chunk_size=chunk_size)
+    o2, S2 = chunk_kda(
+        q, k, v, g, beta, initial_state=S0, output_final_state=True, chunk_size=chunk_size, kernel=kernel
+    )
     assert o2.dtype == torch.float64 and S2.dtype == torch.float64
     _close(o2, o1, 1e-10)
     _close(S2, S1, 1e-10)
