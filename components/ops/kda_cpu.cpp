@@ -52,20 +52,25 @@ struct Shape {
   int64_t B, T_len, H, K, V, C, N;
 };
 
-// Per-thread buffers of one chunk (C rows).
+// Per-thread buffers of one chunk (C rows). Operands that share a product are stacked so that one BLAS call
+// serves both: QK = [q exp(G - m); beta k exp(G - m)] against ki gives AL = [A; L], and Tm against
+// RHS = [kgb | beta v] gives WU = [W | U].
 template <typename T>
 struct Work {
-  std::vector<T> q, k, v, G, bt, m, eh, gam, em, Qm, Kbm, ki, A, L, Tm, qg, kgb, kd, bv, W, U, O;
-  // backward only
-  std::vector<T> dO, dU, dR, dA, dL, dQm, dKbm, dki, tmp, dSn, dSp, dG;
+  std::vector<T> q, k, v, G, bt, m, eh, gam, em, QK, ki, AL, Tm, qg, kd, RHS, WU, O;
+  // backward only: dOR = [dO; dR], dAL = [dA; dL], dQK = [dQm; dKbm]
+  std::vector<T> dOR, dU, dAL, dQK, dki, tmp, dSn, dSp, dG;
   Work(int64_t C, int64_t K, int64_t V, bool backward)
-      : q(C * K), k(C * K), v(C * V), G(C * K), bt(C), m(K), eh(K), gam(K), em(C * K), Qm(C * K), Kbm(C * K),
-        ki(C * K), A(C * C), L(C * C), Tm(C * C), qg(C * K), kgb(C * K), kd(C * K), bv(C * V), W(C * K),
-        U(C * V), O(C * V) {
+      : q(C * K), k(C * K), v(C * V), G(C * K), bt(C), m(K), eh(K), gam(K), em(C * K), QK(2 * C * K), ki(C * K),
+        AL(2 * C * C), Tm(C * C), qg(C * K), kd(C * K), RHS(C * (K + V)), WU(C * (K + V)), O(C * V) {
     if (backward) {
-      for (auto* b : {&dO, &dU, &dR, &tmp}) b->resize(C * std::max(K, V));
-      for (auto* b : {&dA, &dL}) b->resize(C * C);
-      for (auto* b : {&dQm, &dKbm, &dki, &dG}) b->resize(C * K);
+      dOR.resize(2 * C * V);
+      dU.resize(C * V);
+      dAL.resize(2 * C * C);
+      dQK.resize(2 * C * K);
+      tmp.resize(2 * C * K);
+      dki.resize(C * K);
+      dG.resize(C * K);
       dSn.resize(K * V);
       dSp.resize(K * V);
     }
@@ -80,6 +85,7 @@ void load_rows(T* dst, const in_t* src, const Shape<T>& s, int64_t b, int64_t h,
     T* out = dst + r * D;
     if (r < rows) {
       const in_t* row = src + ((b * s.T_len + t0 + r) * s.H + h) * D;
+      #pragma omp simd
       for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(row[d]);
     } else {
       std::fill(out, out + D, T(0));
@@ -93,16 +99,17 @@ void store_rows(out_t* dst, const T* src, const Shape<T>& s, int64_t b, int64_t 
   for (int64_t r = 0; r < rows; ++r) {
     out_t* row = dst + ((b * s.T_len + t0 + r) * s.H + h) * D;
     const T* in = src + r * D;
+    #pragma omp simd
     for (int64_t d = 0; d < D; ++d) row[d] = static_cast<out_t>(in[d] * scale);
   }
 }
 
-// The intra-chunk quantities of chunk n of pair (b, h), U = Tm (beta v) - W S for entering state S:
-// everything the output, the hand-off and the backward need.
+// The intra-chunk quantities of chunk n of pair (b, h), with U = Tm (beta v) - W S for entering state S:
+// everything the output, the hand-off and the backward need. Returns the chunk's number of real tokens.
 template <typename T, typename in_t>
 int64_t intra_chunk(Work<T>& w, const in_t* q, const in_t* k, const in_t* v, const T* g, const T* beta,
                     const T* S, const Shape<T>& s, int64_t b, int64_t h, int64_t n) {
-  const int64_t C = s.C, K = s.K, V = s.V;
+  const int64_t C = s.C, K = s.K, V = s.V, KV2 = K + V;
   const int64_t t0 = n * C, rows = std::min(C, s.T_len - t0);
   load_rows(w.q.data(), q, s, b, h, t0, rows, K);
   load_rows(w.k.data(), k, s, b, h, t0, rows, K);
@@ -111,33 +118,53 @@ int64_t intra_chunk(Work<T>& w, const in_t* q, const in_t* k, const in_t* v, con
   for (int64_t r = 0; r < C; ++r) w.bt[r] = r < rows ? beta[(b * s.T_len + t0 + r) * s.H + h] : T(0);
   // in-chunk inclusive cumsum of g; padded rows have g = 0, so G stays flat there
   for (int64_t r = 1; r < C; ++r)
+    #pragma omp simd
     for (int64_t d = 0; d < K; ++d) w.G[r * K + d] += w.G[(r - 1) * K + d];
   for (int64_t d = 0; d < K; ++d) {
     w.m[d] = T(0.5) * w.G[(C - 1) * K + d];  // middle of the chunk's log-decay range
     w.eh[d] = std::exp(w.m[d]);              // exp(G_C - m)
     w.gam[d] = w.eh[d] * w.eh[d];            // exp(G_C)
   }
+  // restrict pointers: the buffers never alias, and the loops below vectorise only when the compiler knows it
+  T* __restrict Qm = w.QK.data();
+  T* __restrict Kbm = w.QK.data() + C * K;
+  T* __restrict em_ = w.em.data();
+  T* __restrict ki = w.ki.data();
+  T* __restrict qg = w.qg.data();
+  T* __restrict kd = w.kd.data();
+  const T* __restrict qf = w.q.data();
+  const T* __restrict kf = w.k.data();
+  const T* __restrict vf = w.v.data();
+  const T* __restrict G = w.G.data();
+  const T* __restrict m = w.m.data();
+  const T* __restrict eh = w.eh.data();
   for (int64_t r = 0; r < C; ++r) {
     const T bt = w.bt[r];
+    T* __restrict rhs = w.RHS.data() + r * KV2;
+    T* __restrict em_r = em_ + r * K;
+    const T* __restrict G_r = G + r * K;
+    for (int64_t d = 0; d < K; ++d) em_r[d] = G_r[d] - m[d];
+    for (int64_t d = 0; d < K; ++d) em_r[d] = std::exp(em_r[d]);  // exp(G - m), within exp(+-span / 2)
+#pragma omp simd
     for (int64_t d = 0; d < K; ++d) {
       const int64_t i = r * K + d;
-      const T em = std::exp(w.G[i] - w.m[d]);  // exp(G - m), within exp(+-span / 2)
-      w.em[i] = em;
-      w.Qm[i] = w.q[i] * em;
-      w.Kbm[i] = bt * w.k[i] * em;
-      w.ki[i] = w.k[i] / em;  // k exp(m - G)
-      w.qg[i] = w.Qm[i] * w.eh[d];
-      w.kgb[i] = w.Kbm[i] * w.eh[d];
-      w.kd[i] = w.ki[i] * w.eh[d];  // k exp(G_C - G)
+      const T em = em_r[d];
+      Qm[i] = qf[i] * em;
+      Kbm[i] = bt * kf[i] * em;
+      ki[i] = kf[i] / em;  // k exp(m - G)
+      qg[i] = Qm[i] * eh[d];
+      rhs[d] = Kbm[i] * eh[d];  // kgb = beta exp(G) k
+      kd[i] = ki[i] * eh[d];    // k exp(G_C - G)
     }
-    for (int64_t d = 0; d < V; ++d) w.bv[r * V + d] = bt * w.v[r * V + d];
+    for (int64_t d = 0; d < V; ++d) rhs[K + d] = bt * vf[r * V + d];
   }
-  // A = [q_r . exp(G_r - G_c) k_c]_{c <= r}, L the same for beta k rows, c < r
-  mm<T>(false, true, C, C, K, 1, w.Qm.data(), K, w.ki.data(), K, 0, w.A.data(), C);
-  mm<T>(false, true, C, C, K, 1, w.Kbm.data(), K, w.ki.data(), K, 0, w.L.data(), C);
+  // [A; L] = QK ki^T: A = [q_r . exp(G_r - G_c) k_c]_{c <= r}, L the same for the beta k rows, c < r
+  mm<T>(false, true, 2 * C, C, K, 1, w.QK.data(), K, w.ki.data(), K, 0, w.AL.data(), C);
+  T* A = w.AL.data();
+  T* L = w.AL.data() + C * C;
   for (int64_t r = 0; r < C; ++r) {
-    std::fill(w.A.data() + r * C + r + 1, w.A.data() + (r + 1) * C, T(0));
-    std::fill(w.L.data() + r * C + r, w.L.data() + (r + 1) * C, T(0));
+    std::fill(A + r * C + r + 1, A + (r + 1) * C, T(0));
+    std::fill(L + r * C + r, L + (r + 1) * C, T(0));
   }
   // Tm = (I + L)^-1 by forward substitution: row r = e_r - sum_{c < r} L[r, c] Tm[c]
   T* Tm = w.Tm.data();
@@ -146,23 +173,23 @@ int64_t intra_chunk(Work<T>& w, const in_t* q, const in_t* k, const in_t* v, con
     T* row = Tm + r * C;
     row[r] = T(1);
     for (int64_t c = 0; c < r; ++c) {
-      const T coef = -w.L[r * C + c];
-      if (coef == T(0)) continue;
-      const T* prev = Tm + c * C;
-      for (int64_t j = 0; j <= c; ++j) row[j] += coef * prev[j];
+      const T coef = -L[r * C + c];
+      const T* __restrict prev = Tm + c * C;
+      T* __restrict out = row;
+      #pragma omp simd
+      for (int64_t j = 0; j <= c; ++j) out[j] += coef * prev[j];
     }
   }
-  // W = Tm (beta exp(G) k), U = Tm (beta v) - W S
-  mm<T>(false, false, C, K, C, 1, Tm, C, w.kgb.data(), K, 0, w.W.data(), K);
-  mm<T>(false, false, C, V, C, 1, Tm, C, w.bv.data(), V, 0, w.U.data(), V);
-  mm<T>(false, false, C, V, K, -1, w.W.data(), K, S, V, 1, w.U.data(), V);
+  // [W | U] = Tm [kgb | beta v], then U -= W S
+  mm<T>(false, false, C, KV2, C, 1, Tm, C, w.RHS.data(), KV2, 0, w.WU.data(), KV2);
+  mm<T>(false, false, C, V, K, -1, w.WU.data(), KV2, S, V, 1, w.WU.data() + K, KV2);
   return rows;
 }
 
 template <typename T, typename in_t>
 void forward_impl(const in_t* q, const in_t* k, const in_t* v, const T* g, const T* beta, const T* init,
                   const T* keep, in_t* o, T* states, const Shape<T>& s, T scale) {
-  const int64_t C = s.C, K = s.K, V = s.V, N = s.N, KV = K * V;
+  const int64_t C = s.C, K = s.K, V = s.V, N = s.N, KV = K * V, KV2 = K + V;
   at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
     Work<T> w(C, K, V, false);
     for (int64_t pair = begin; pair < end; ++pair) {
@@ -178,14 +205,16 @@ void forward_impl(const in_t* q, const in_t* k, const in_t* v, const T* g, const
         const T* Sn = S + n * KV;
         T* Snext = S + (n + 1) * KV;
         const int64_t rows = intra_chunk(w, q, k, v, g, beta, Sn, s, b, h, n);
+        const T* U = w.WU.data() + K;  // [C, V], row stride K + V
         // O = (exp(G) q) S + A U
         mm<T>(false, false, C, V, K, 1, w.qg.data(), K, Sn, V, 0, w.O.data(), V);
-        mm<T>(false, false, C, V, C, 1, w.A.data(), C, w.U.data(), V, 1, w.O.data(), V);
+        mm<T>(false, false, C, V, C, 1, w.AL.data(), C, U, KV2, 1, w.O.data(), V);
         store_rows(o, w.O.data(), s, b, h, n * C, rows, V, scale);
         // S' = exp(G_C) S + (exp(G_C - G) k)^T U
         for (int64_t d = 0; d < K; ++d)
+          #pragma omp simd
           for (int64_t e = 0; e < V; ++e) Snext[d * V + e] = w.gam[d] * Sn[d * V + e];
-        mm<T>(true, false, K, V, C, 1, w.kd.data(), K, w.U.data(), V, 1, Snext, V);
+        mm<T>(true, false, K, V, C, 1, w.kd.data(), K, U, KV2, 1, Snext, V);
         // the final state is never reset
         if (keep != nullptr && n + 1 < N && keep[b * N + n + 1] == T(0)) std::fill(Snext, Snext + KV, T(0));
       }
@@ -197,7 +226,7 @@ template <typename T, typename in_t>
 void backward_impl(const in_t* q, const in_t* k, const in_t* v, const T* g, const T* beta, const T* keep,
                    const T* states, const in_t* dout, const T* dfinal, in_t* dq, in_t* dk, in_t* dv, T* dg,
                    T* dbeta, T* dinit, const Shape<T>& s, T scale) {
-  const int64_t C = s.C, K = s.K, V = s.V, N = s.N, KV = K * V;
+  const int64_t C = s.C, K = s.K, V = s.V, N = s.N, KV = K * V, KV2 = K + V;
   at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
     Work<T> w(C, K, V, true);
     for (int64_t pair = begin; pair < end; ++pair) {
@@ -214,43 +243,57 @@ void backward_impl(const in_t* q, const in_t* k, const in_t* v, const T* g, cons
         const T* Snext = S + (n + 1) * KV;
         const int64_t rows = intra_chunk(w, q, k, v, g, beta, Sn, s, b, h, n);
         const int64_t t0 = n * C;
-        load_rows(w.dO.data(), dout, s, b, h, t0, rows, V);
-        for (int64_t i = 0; i < C * V; ++i) w.dO[i] *= scale;
+        const T* A = w.AL.data();
+        const T* W = w.WU.data();      // [C, K], row stride K + V
+        const T* U = w.WU.data() + K;  // [C, V], row stride K + V
+        T* dO = w.dOR.data();
+        T* dR = w.dOR.data() + C * V;
+        load_rows(dO, dout, s, b, h, t0, rows, V);
+        #pragma omp simd
+        for (int64_t i = 0; i < C * V; ++i) dO[i] *= scale;
         // dU = A^T dO + kd dS'
-        mm<T>(true, false, C, V, C, 1, w.A.data(), C, w.dO.data(), V, 0, w.dU.data(), V);
+        mm<T>(true, false, C, V, C, 1, A, C, dO, V, 0, w.dU.data(), V);
         mm<T>(false, false, C, V, K, 1, w.kd.data(), K, dSn, V, 1, w.dU.data(), V);
         // dS = qg^T dO + exp(G_C) dS' - W^T dU: the grad of the state entering this chunk
         T* dSp = w.dSp.data();
-        mm<T>(true, false, K, V, C, 1, w.qg.data(), K, w.dO.data(), V, 0, dSp, V);
+        mm<T>(true, false, K, V, C, 1, w.qg.data(), K, dO, V, 0, dSp, V);
         for (int64_t d = 0; d < K; ++d)
+          #pragma omp simd
           for (int64_t e = 0; e < V; ++e) dSp[d * V + e] += w.gam[d] * dSn[d * V + e];
-        mm<T>(true, false, K, V, C, -1, w.W.data(), K, w.dU.data(), V, 1, dSp, V);
+        mm<T>(true, false, K, V, C, -1, W, KV2, w.dU.data(), V, 1, dSp, V);
         // U = Tm R with R = beta v - kgb S: dR = Tm^T dU
-        mm<T>(true, false, C, V, C, 1, w.Tm.data(), C, w.dU.data(), V, 0, w.dR.data(), V);
-        // dA = dO U^T (c <= r), dL = -dR U^T (c < r)
-        mm<T>(false, true, C, C, V, 1, w.dO.data(), V, w.U.data(), V, 0, w.dA.data(), C);
-        mm<T>(false, true, C, C, V, -1, w.dR.data(), V, w.U.data(), V, 0, w.dL.data(), C);
+        mm<T>(true, false, C, V, C, 1, w.Tm.data(), C, w.dU.data(), V, 0, dR, V);
+        // [dA; -dL] = [dO; dR] U^T, masked to A's and L's triangles (dL = -dR U^T)
+        mm<T>(false, true, 2 * C, C, V, 1, w.dOR.data(), V, U, KV2, 0, w.dAL.data(), C);
+        T* dA = w.dAL.data();
+        T* dL = w.dAL.data() + C * C;
         for (int64_t r = 0; r < C; ++r) {
-          std::fill(w.dA.data() + r * C + r + 1, w.dA.data() + (r + 1) * C, T(0));
-          std::fill(w.dL.data() + r * C + r, w.dL.data() + (r + 1) * C, T(0));
+          std::fill(dA + r * C + r + 1, dA + (r + 1) * C, T(0));
+          for (int64_t c = 0; c < r; ++c) dL[r * C + c] = -dL[r * C + c];
+          std::fill(dL + r * C + r, dL + (r + 1) * C, T(0));
         }
-        // grads of the factors Qm = q exp(G - m), Kbm = beta k exp(G - m), ki = k exp(m - G); the state
-        // terms qg, kgb, kd are those factors times exp(G_C - m), held fixed (G_C's own term is added below)
-        mm<T>(false, false, C, K, C, 1, w.dA.data(), C, w.ki.data(), K, 0, w.dQm.data(), K);
-        mm<T>(false, true, C, K, V, 1, w.dO.data(), V, Sn, V, 0, w.tmp.data(), K);
+        // grads of the factors QK = [q; beta k] exp(G - m) and ki = k exp(m - G); the state terms qg, kgb,
+        // kd are those factors times exp(G_C - m), held fixed (G_C's own term is added below):
+        // [dQm; dKbm] = [dA; dL] ki + ([dO; -dR] S^T) exp(G_C - m), dki = [dA; dL]^T QK + (U dS'^T) exp(G_C - m)
+        mm<T>(false, false, 2 * C, K, C, 1, w.dAL.data(), C, w.ki.data(), K, 0, w.dQK.data(), K);
+        mm<T>(false, true, 2 * C, K, V, 1, w.dOR.data(), V, Sn, V, 0, w.tmp.data(), K);
+        for (int64_t r = 0; r < 2 * C; ++r) {
+          const T sign = r < C ? T(1) : T(-1);
+          #pragma omp simd
+          for (int64_t d = 0; d < K; ++d) w.dQK[r * K + d] += sign * w.tmp[r * K + d] * w.eh[d];
+        }
+        mm<T>(true, false, C, K, 2 * C, 1, w.dAL.data(), C, w.QK.data(), K, 0, w.dki.data(), K);
+        mm<T>(false, true, C, K, V, 1, U, KV2, dSn, V, 0, w.tmp.data(), K);
         for (int64_t r = 0; r < C; ++r)
-          for (int64_t d = 0; d < K; ++d) w.dQm[r * K + d] += w.tmp[r * K + d] * w.eh[d];
-        mm<T>(false, false, C, K, C, 1, w.dL.data(), C, w.ki.data(), K, 0, w.dKbm.data(), K);
-        mm<T>(false, true, C, K, V, 1, w.dR.data(), V, Sn, V, 0, w.tmp.data(), K);
-        for (int64_t r = 0; r < C; ++r)
-          for (int64_t d = 0; d < K; ++d) w.dKbm[r * K + d] -= w.tmp[r * K + d] * w.eh[d];
-        mm<T>(true, false, C, K, C, 1, w.dA.data(), C, w.Qm.data(), K, 0, w.dki.data(), K);
-        mm<T>(true, false, C, K, C, 1, w.dL.data(), C, w.Kbm.data(), K, 1, w.dki.data(), K);
-        mm<T>(false, true, C, K, V, 1, w.U.data(), V, dSn, V, 0, w.tmp.data(), K);
-        for (int64_t r = 0; r < C; ++r)
+          #pragma omp simd
           for (int64_t d = 0; d < K; ++d) w.dki[r * K + d] += w.tmp[r * K + d] * w.eh[d];
+        const T* Qm = w.QK.data();
+        const T* Kbm = w.QK.data() + C * K;
+        const T* dQm = w.dQK.data();
+        const T* dKbm = w.dQK.data() + C * K;
         // dG: exp(G - m) on the Qm / Kbm rows, exp(m - G) on ki; S' scales with exp(G_C) as a whole
-        for (int64_t i = 0; i < C * K; ++i) w.dG[i] = w.dQm[i] * w.Qm[i] + w.dKbm[i] * w.Kbm[i] - w.dki[i] * w.ki[i];
+        #pragma omp simd
+        for (int64_t i = 0; i < C * K; ++i) w.dG[i] = dQm[i] * Qm[i] + dKbm[i] * Kbm[i] - w.dki[i] * w.ki[i];
         for (int64_t d = 0; d < K; ++d) {
           T acc = 0;
           for (int64_t e = 0; e < V; ++e) acc += dSn[d * V + e] * Snext[d * V + e];
@@ -258,22 +301,25 @@ void backward_impl(const in_t* q, const in_t* k, const in_t* v, const T* g, cons
         }
         // G is the inclusive cumsum of g: dg_r = sum_{r' >= r} dG_r'
         for (int64_t r = C - 2; r >= 0; --r)
+          #pragma omp simd
           for (int64_t d = 0; d < K; ++d) w.dG[r * K + d] += w.dG[(r + 1) * K + d];
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t tok = (b * s.T_len + t0 + r) * s.H + h;
           const T bt = w.bt[r];
           T db = 0;
+#pragma omp simd reduction(+ : db)
           for (int64_t d = 0; d < K; ++d) {
             const int64_t i = r * K + d;
-            const T dbk = w.dKbm[i] * w.em[i];  // grad of beta k
+            const T dbk = dKbm[i] * w.em[i];  // grad of beta k
             db += dbk * w.k[i];
-            dq[tok * K + d] = static_cast<in_t>(w.dQm[i] * w.em[i]);
+            dq[tok * K + d] = static_cast<in_t>(dQm[i] * w.em[i]);
             dk[tok * K + d] = static_cast<in_t>(dbk * bt + w.dki[i] / w.em[i]);
             dg[tok * K + d] = w.dG[i];
           }
+#pragma omp simd reduction(+ : db)
           for (int64_t e = 0; e < V; ++e) {
-            db += w.dR[r * V + e] * w.v[r * V + e];
-            dv[tok * V + e] = static_cast<in_t>(bt * w.dR[r * V + e]);
+            db += dR[r * V + e] * w.v[r * V + e];
+            dv[tok * V + e] = static_cast<in_t>(bt * dR[r * V + e]);
           }
           dbeta[tok] = db;
         }

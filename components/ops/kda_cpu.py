@@ -58,7 +58,8 @@ def native_available() -> bool:
                     sources=[str(_SOURCE)],
                     # -fopenmp: at::parallel_for is an OpenMP loop compiled into this file (serial without it)
                     extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
-                    extra_ldflags=["-fopenmp"],
+                    # -lmvec: glibc's vector math (exp), which -ffast-math vectorised loops call
+                    extra_ldflags=["-fopenmp", "-lmvec"],
                     is_python_module=False,
                     verbose=False,
                 )
