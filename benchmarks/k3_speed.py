@@ -19,16 +19,17 @@ heap is rearranged and the next step faults in fresh pages, which tripled the de
   fast path's speed-up is measured against: MLA's attention through SDPA
   (``mixers.mla.attention_kernel=sdpa``), KDA's short convolutions compiled with their taps read straight
   from the ``[P, 1, W]`` kernels (``strided_taps_conv`` below: scalar loops once compiled), KDA's chunked
-  core as the batched PyTorch form (``chunk_kda(kernel="batched")``, not the native CPU kernel), and the
-  residual scheme's final read left eager;
+  core as the batched PyTorch form (``chunk_kda(kernel="batched")``, not the native CPU kernel), SiTU-GLU
+  as ``situ_glu_reference`` (not its exp form), and the residual scheme's final read left eager;
 * ``fast``: bf16 autocast, ``auto`` dispatch, each decoder layer compiled around its remaining eager
   islands (runtime/compile.py; the blocked expert products are traced into the layer's graph), attention
   as ``attention_kernel=auto`` picks it (bf16 products with an fp32 softmax on the CPU), the short
   convolutions vectorised over channels, KDA's chunked core on the native CPU kernel
-  (``components/ops/kda_cpu.py``) and the final residual read compiled -- what the trainer runs now.
+  (``components/ops/kda_cpu.py``), SiTU-GLU in its exp form (``situ_glu_exp_form``) and the final residual
+  read compiled -- what the trainer runs now.
 
-The eager rows keep SDPA attention and the batched KDA core too: the reference stays what it was, and the
-loss curves below compare the fast path's native KDA kernel against it.
+The eager rows keep SDPA attention, the batched KDA core and the reference SiTU-GLU too: the reference stays
+what it was, and the loss curves below compare the fast path's kernels against it.
 
 Beside them, in the same interleaved rounds, two plain decoders compiled as the trainer compiles them:
 ``default fast``, the default model (the README's run: GQA, dense SiTU-GLU, BPE 8,192, batch 16 x 256,
@@ -122,22 +123,31 @@ def strided_taps_conv(x: torch.Tensor, weight: torch.Tensor, xp: Optional[torch.
 
 
 @contextmanager
-def batched_kda_core() -> Iterator[None]:
+def reference_kernels() -> Iterator[None]:
     """Run KDA's chunked core as the batched PyTorch form (``chunk_kda(kernel="batched")``) instead of the
-    native CPU kernel: the eager rows and the fast baseline run it, as they did when they were fixed. The
-    core is an eager island, so the switch holds inside compiled layers too."""
+    native CPU kernel, and SiTU-GLU as ``situ_glu_reference`` (tanh and sigmoid, autograd's backward) instead
+    of its exp form: the eager rows and the fast baseline run them, as they did when they were fixed. The
+    switches are read at call (or trace) time, so they hold inside compiled layers traced in this context."""
+    import components.ops.activations as activations
     import components.ops.kda as kda_ops
 
-    native = kda_ops.native_available
+    native, exp_form = kda_ops.native_available, activations.situ_glu_exp_form
     kda_ops.native_available = _not_available
+    activations.situ_glu_exp_form = _situ_glu_as_before
     try:
         yield
     finally:
-        kda_ops.native_available = native
+        kda_ops.native_available, activations.situ_glu_exp_form = native, exp_form
 
 
 def _not_available() -> bool:
     return False
+
+
+def _situ_glu_as_before(gate, up, beta, linear_beta):
+    from components.ops.activations import situ_glu_reference
+
+    return situ_glu_reference(gate, up, beta, linear_beta)
 
 
 @contextmanager
@@ -149,7 +159,7 @@ def as_before() -> Iterator[None]:
     current = kda.shifted_depthwise_conv
     kda.shifted_depthwise_conv = strided_taps_conv
     try:
-        with batched_kda_core():
+        with reference_kernels():
             yield
     finally:
         kda.shifted_depthwise_conv = current
@@ -173,17 +183,17 @@ def _run_as_before(step, ids: torch.Tensor) -> torch.Tensor:
         return step(ids)
 
 
-def _run_batched(step, ids: torch.Tensor) -> torch.Tensor:
-    with batched_kda_core():
+def _run_reference(step, ids: torch.Tensor) -> torch.Tensor:
+    with reference_kernels():
         return step(ids)
 
 
 def _runner(name: str):
     """How path ``name`` runs a step: the fast path as the trainer does, the baseline with its old kernels,
-    the eager rows with the batched KDA core."""
+    the eager rows with the reference kernels (``reference_kernels``)."""
     if name == BASELINE:
         return _run_as_before
-    return (lambda step, ids: step(ids)) if name == "fast" else _run_batched
+    return (lambda step, ids: step(ids)) if name == "fast" else _run_reference
 
 
 def matmul_peak(seconds: float = 1.0) -> float:

@@ -1,6 +1,10 @@
-"""SiTU-GLU forward+backward timing: PyTorch reference vs fused Triton kernel vs SwiGLU.
+"""SiTU-GLU forward+backward timing: PyTorch reference vs its exp form vs fused Triton kernel vs SwiGLU.
 
-    PYTHONPATH=. python benchmarks/situ_glu.py [--rows 8192 --cols 3072 --dtype bf16 --iters 50]
+    PYTHONPATH=. python benchmarks/situ_glu.py [--rows 8192 --cols 3072 --dtype bf16 --iters 50 --compile]
+
+``situ_exp`` is what the ``torch`` back-end runs (``situ_glu_exp_form``: exponentials of non-positive
+arguments, a hand-written backward); ``--compile`` times every PyTorch candidate through ``torch.compile``, as
+compiled layers run them (one fused pass forward, one backward).
 
 Candidates are timed interleaved (one call of each per round, order rotated every
 round) so clock/thermal drift hits all of them alike; medians are reported with
@@ -22,7 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import time_interleaved as _time_interleaved  # noqa: E402
 
-from components.ops.activations import SITU_BETA, SITU_LINEAR_BETA, situ_glu_reference, swiglu  # noqa: E402
+from components.ops.activations import (  # noqa: E402
+    SITU_BETA,
+    SITU_LINEAR_BETA,
+    situ_glu_exp_form,
+    situ_glu_reference,
+    swiglu,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -54,6 +64,7 @@ def main() -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--iters", type=int, default=None, help="timed rounds (default: 50 on CUDA, 5 on CPU)")
     p.add_argument("--warmup", type=int, default=None, help="untimed rounds (default: 5 on CUDA, 1 on CPU)")
+    p.add_argument("--compile", action="store_true", help="time the PyTorch candidates through torch.compile")
     args = p.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -68,9 +79,15 @@ def main() -> None:
     up = (torch.randn(shape, device=device) * 40).to(dtype).requires_grad_()
     grad_z = torch.randn(shape, device=device).to(dtype)
 
+    wrap = torch.compile if args.compile else (lambda f: f)
     fns = {
-        "situ_ref": make_fwd_bwd(lambda g, u: situ_glu_reference(g, u, SITU_BETA, SITU_LINEAR_BETA), gate, up, grad_z),
-        "swiglu": make_fwd_bwd(swiglu, gate, up, grad_z),
+        "situ_ref": make_fwd_bwd(
+            wrap(lambda g, u: situ_glu_reference(g, u, SITU_BETA, SITU_LINEAR_BETA)), gate, up, grad_z
+        ),
+        "situ_exp": make_fwd_bwd(
+            wrap(lambda g, u: situ_glu_exp_form(g, u, SITU_BETA, SITU_LINEAR_BETA)), gate, up, grad_z
+        ),
+        "swiglu": make_fwd_bwd(wrap(swiglu), gate, up, grad_z),
     }
     triton_note = None
     if on_cuda:
@@ -85,7 +102,10 @@ def main() -> None:
     else:
         triton_note = "no CUDA device: the Triton path needs CUDA, timing the PyTorch paths only"
 
-    print(f"SiTU-GLU fwd+bwd, shape {list(shape)}, {dtype}, {device}, {iters} interleaved rounds")
+    print(
+        f"SiTU-GLU fwd+bwd, shape {list(shape)}, {dtype}, {device}, {iters} interleaved rounds"
+        + (", compiled" if args.compile else ", eager")
+    )
     if triton_note:
         print(triton_note)
     times = time_rounds(fns, iters, warmup, device)
@@ -101,6 +121,7 @@ def main() -> None:
             f"{name:<12} {t * 1e3:>10.3f} {min(times[name]) * 1e3:>8.3f} {min_bytes / t / 1e9:>17.1f} "
             f"{t / med['situ_ref']:>11.3f} {t / med['swiglu']:>9.3f}"
         )
+    print(f"exp form vs reference: {med['situ_ref'] / med['situ_exp']:.2f}x")
     if "situ_triton" in med:
         print(
             f"speedup of Triton over reference: {med['situ_ref'] / med['situ_triton']:.2f}x; "

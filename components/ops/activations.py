@@ -79,6 +79,70 @@ def situ_glu_reference(
     return (act * b).to(out_dtype)
 
 
+class _SituGluExpForm(torch.autograd.Function):
+    """SiTU-GLU from exponentials of non-positive arguments, with a hand-written backward: what the
+    ``torch`` back-end runs (compiled layers fuse forward and backward into one pass each). Per element
+    one ``exp`` for the gate branch when ``beta`` is 4 (K3; two otherwise), one for the cap and three
+    divisions, where tanh, tanh and sigmoid cost three transcendental calls and their quotients; the
+    arguments stay <= 0, so nothing overflows for any input. ``situ_glu_reference`` is the
+    obviously-correct form it is tested against.
+
+    With ``e = exp(-|a| / beta')`` for ``beta' = beta / 2``: ``tanh(a / beta) = sign(a) (1 - e) / (1 + e)``,
+    and with ``e2 = exp(-|a|)`` (``e ** 2`` when ``beta = 4``): ``sigmoid(a) = 1 / (1 + e2)`` for a >= 0,
+    ``e2 / (1 + e2)`` below; ``sigmoid'(a) = e2 / (1 + e2) ** 2`` on both sides.
+    """
+
+    @staticmethod
+    def forward(ctx, gate, up, beta, linear_beta):
+        ctx.save_for_backward(gate, up)
+        ctx.betas = (beta, linear_beta)
+        act, cap, *_ = _situ_exp_parts(gate, up, beta, linear_beta)
+        return (act * cap).to(torch.promote_types(gate.dtype, up.dtype))
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        beta, linear_beta = ctx.betas
+        act, cap, t, sech2, s, ds, cap_sech2 = _situ_exp_parts(gate, up, beta, linear_beta)
+        g = grad.to(act.dtype)
+        d_act = sech2 * s + beta * t * ds  # d/da [beta tanh(a/beta) sigmoid(a)]
+        d_cap = cap_sech2 if linear_beta is not None else 1  # d/db [L tanh(b/L)]
+        return (g * cap * d_act).to(gate.dtype), (g * act * d_cap).to(up.dtype), None, None
+
+
+def _situ_exp_parts(gate, up, beta, linear_beta):
+    """(SiTU(a), cap(b), tanh(a/beta), sech^2(a/beta), sigmoid(a), sigmoid'(a), sech^2(b/L)) in the compute
+    dtype. sech^2 = 4 e / (1 + e)^2 directly, not 1 - tanh^2, which cancels where tanh saturates."""
+    a = gate.to(torch.promote_types(gate.dtype, torch.float32))
+    b = up.to(torch.promote_types(up.dtype, torch.float32))
+    neg = a.abs().neg()  # -|a| <= 0: every exp below is in (0, 1]
+    e = torch.exp(neg * (2.0 / beta))
+    e2 = e * e if beta == 4.0 else torch.exp(neg)
+    r = 1 / (1 + e2)
+    q = 1 / (1 + e)
+    t = torch.copysign((1 - e) * q, a)  # tanh(a / beta)
+    sech2 = 4 * e * q * q
+    s = torch.where(a >= 0, r, e2 * r)  # sigmoid(a)
+    ds = e2 * r * r  # sigmoid'(a)
+    act = beta * t * s
+    if linear_beta is None:
+        return act, b, t, sech2, s, ds, None
+    c = torch.exp(b.abs() * (-2.0 / linear_beta))
+    qc = 1 / (1 + c)
+    b_cap = torch.copysign((1 - c) * qc, b)  # tanh(b / L)
+    return act, linear_beta * b_cap, t, sech2, s, ds, 4 * c * qc * qc
+
+
+def situ_glu_exp_form(
+    gate: torch.Tensor, up: torch.Tensor, beta: float | None = SITU_BETA, linear_beta: float | None = SITU_LINEAR_BETA
+) -> torch.Tensor:
+    """SiTU-GLU as ``situ_glu_reference`` computes it, from exponentials (``_SituGluExpForm``)."""
+    beta, linear_beta = _resolve_betas(beta, linear_beta)
+    if gate.shape != up.shape:
+        raise ValueError(f"gate and up must have the same shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
+    return _SituGluExpForm.apply(gate, up, beta, linear_beta)
+
+
 def _triton_module() -> ModuleType:
     # imported on first use: CPU-only callers never load triton, and the kernels'
     # interpreter mode (TRITON_INTERPRET) is read when this module is first imported
@@ -104,10 +168,10 @@ def situ_glu(
     linear_beta: float | None = SITU_LINEAR_BETA,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """SiTU-GLU on the back-end ``components.ops.backend.resolve`` picks: ``torch`` (the reference),
+    """SiTU-GLU on the back-end ``components.ops.backend.resolve`` picks: ``torch`` (``situ_glu_exp_form``),
     ``triton`` (the fused kernel: CUDA, or the CPU under TRITON_INTERPRET=1) or ``auto``."""
     if resolve("situ_glu", backend, gate.device, applies=lambda: _triton_applies(gate, up)) == "torch":
-        return situ_glu_reference(gate, up, beta, linear_beta)
+        return situ_glu_exp_form(gate, up, beta, linear_beta)
     beta, linear_beta = _resolve_betas(beta, linear_beta)
     return _situ_glu_triton(gate, up, beta, linear_beta)
 

@@ -1,4 +1,4 @@
-"""benchmarks/k3_speed.py's fixed reference row: its short convolution computes what the trainer's does,
+"""benchmarks/k3_speed.py: its fixed reference rows (the baseline's short convolution computes what the trainer's does,
 and the swap that installs it is undone after the row runs."""
 
 from __future__ import annotations
@@ -33,3 +33,52 @@ def test_as_before_swaps_the_convolution_only_while_it_runs():
     with pytest.raises(RuntimeError), as_before():
         raise RuntimeError("a failing step")
     assert kda.shifted_depthwise_conv is current
+
+
+def test_ablations_are_the_k3_small_experiments_with_what_each_swaps():
+    from benchmarks.k3_speed import ablations
+    from runtime.launch import validate_overrides
+
+    found = ablations()
+    assert {"all_mla", "no_mtp", "plain_residual", "swiglu"} <= set(found)
+    for name, swaps in found.items():
+        assert swaps.startswith(("with ", "without ")), (name, swaps)
+    assert found["swiglu"] == "with SwiGLU instead of SiTU-GLU in every FFN"
+    # each one composes: the fast path can be built from it
+    root = validate_overrides(["experiment=k3_small_plain_residual"])
+    assert root.residual.name == "plain"
+
+
+def test_an_unknown_ablation_or_one_without_the_fast_path_is_refused_before_any_model_is_built(capsys):
+    from benchmarks.k3_speed import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--ablations", "swiglu,bogus"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--ablations: unknown ['bogus']" in err and "plain_residual" in err
+    with pytest.raises(SystemExit):
+        main(["--paths", "eager bf16", "--ablations"])
+    assert "keep 'fast' in --paths" in capsys.readouterr().err
+
+
+def test_the_eager_rows_and_the_baseline_run_the_reference_kernels():
+    import components.ops.activations as activations
+    import components.ops.kda as kda_ops
+    from benchmarks.k3_speed import BASELINE, PATHS, _run_as_before, _run_reference, _runner
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, generator=gen) * 6, torch.randn(64, generator=gen) * 60
+    seen = []
+
+    def step(ids):
+        exact = torch.equal(activations.situ_glu(a, b), activations.situ_glu_reference(a, b))
+        seen.append((kda_ops.native_available(), exact))
+        return ids
+
+    for name in PATHS:
+        _runner(name)(step, 0)
+    fast = (kda_ops.native_available(), torch.equal(activations.situ_glu(a, b), activations.situ_glu_reference(a, b)))
+    assert fast[1] is False  # the exp form rounds differently from the reference
+    assert seen == [fast if name == "fast" else (False, True) for name in PATHS]
+    assert _runner(BASELINE) is _run_as_before and _runner("eager bf16") is _run_reference

@@ -7,7 +7,8 @@ from components.ffn.experts import RoutedExperts, capacity, experts_reference, g
 from components.ffn.glu_activation import glu_activation
 
 SITU = glu_activation("situ_glu", beta=4.0, linear_beta=25.0)
-TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dict(rtol=1e-12, atol=1e-12)}
+# fp32: a few ulps of gradients up to ~25 (dispatch and loop round differently; exp and tanh vectorise per slice)
+TOL = {torch.float32: dict(rtol=1e-5, atol=5e-6), torch.float64: dict(rtol=1e-12, atol=1e-12)}
 
 
 def _routing(N, E, k, seed, skip=()):

@@ -23,6 +23,7 @@ import torch
 from components.ffn.glu_activation import GLU_ACTIVATIONS, glu_activation
 from components.ops.activations import (
     situ_glu,
+    situ_glu_exp_form,
     situ_glu_reference,
     swiglu,
 )
@@ -172,12 +173,45 @@ def test_reference_gradcheck_fp64():
         assert torch.autograd.gradcheck(lambda x, y: situ_glu_reference(x, y, 4.0, lb), (a, b))
 
 
-def test_cpu_tensors_use_reference_by_default():
+def test_cpu_tensors_use_the_exp_form_by_default():
     from components.ops import activations, backend
 
     assert backend.resolve("situ_glu", "auto", torch.device("cpu"), applies=lambda: True) == "torch"
     a, b = torch.randn(7), torch.randn(7)
-    assert torch.equal(activations.situ_glu(a, b), activations.situ_glu_reference(a, b))
+    assert torch.equal(activations.situ_glu(a, b), activations.situ_glu_exp_form(a, b))
+
+
+# extremes on both sides of zero: signed zeros, tiny, where tanh and sigmoid saturate, beyond exp's range
+EXTREMES = [0.0, -0.0, 1e-30, -1e-30, 0.5, -0.5, 30.0, -30.0, 88.0, -88.0, 200.0, -200.0, 1e4, -1e4, 1e30, -1e30]
+
+
+@pytest.mark.parametrize("beta", [4.0, 1.0, 2.5])  # 4: K3's, where one exp serves both gate factors
+@pytest.mark.parametrize("linear_beta", [25.0, None])
+def test_exp_form_equals_the_reference_in_fp64(beta, linear_beta):
+    gen = torch.Generator().manual_seed(0)
+    a = torch.cat([torch.randn(4000, generator=gen, dtype=torch.float64) * 6, torch.tensor(EXTREMES).double()])
+    b = torch.cat([torch.randn(4000, generator=gen, dtype=torch.float64) * 60, torch.tensor(EXTREMES[::-1]).double()])
+    a.requires_grad_(), b.requires_grad_()
+    w = torch.randn(a.shape, generator=gen, dtype=torch.float64)
+    want = situ_glu_reference(a, b, beta, linear_beta)
+    got = situ_glu_exp_form(a, b, beta, linear_beta)
+    scale = want.abs().clamp(min=1.0)
+    torch.testing.assert_close(got / scale, want / scale, rtol=0, atol=1e-14)
+    for x, y in zip(torch.autograd.grad((got * w).sum(), (a, b)), torch.autograd.grad((want * w).sum(), (a, b))):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+
+
+def test_exp_form_gradcheck_and_fp32_extremes():
+    gen = torch.Generator().manual_seed(1)
+    a = (torch.randn(20, generator=gen, dtype=torch.float64) * 5).requires_grad_()
+    b = (torch.randn(20, generator=gen, dtype=torch.float64) * 50).requires_grad_()
+    for beta, lb in ((4.0, 25.0), (2.5, None)):
+        assert torch.autograd.gradcheck(lambda x, y: situ_glu_exp_form(x, y, beta, lb), (a, b))
+    x = torch.tensor(EXTREMES + [float("inf"), float("-inf")], requires_grad=True)
+    z = situ_glu_exp_form(x, x.detach().flip(0).requires_grad_())
+    z.sum().backward()
+    assert torch.isfinite(z).all() and torch.isfinite(x.grad).all()
+    torch.testing.assert_close(z, situ_glu_reference(x.detach(), x.detach().flip(0)), rtol=1e-6, atol=1e-6)
 
 
 # ---------------------------------------------------------------- Triton kernel (interpreter, subprocess)
