@@ -244,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--ablations compares against the fast path: keep 'fast' in --paths")
 
     keep_freed_memory()  # as the trainer does on the CPU, for every path alike
+    # every model compiled here adds its layers' graphs to the same decoder-layer code: room for all of them
+    # (TorchDynamo's default limit falls back to eager once about five k3_small-sized models are compiled)
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 512)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
     print(
         f"k3_small training step on the CPU ({torch.get_num_threads()} threads), batch {args.batch} x {args.seq} "
         "tokens; "
