@@ -30,7 +30,7 @@ from torch.autograd.function import once_differentiable
 
 from components.nn.eager_island import eager_island
 from components.nn.segments import Segments
-from components.ops.kda_cpu import SPAN_LIMIT, max_chunk_span, native_available, native_chunk_kda
+from components.ops.kda_cpu import max_chunk_span, native_available, native_chunk_kda
 
 __all__ = ["chunk_kda", "kda_gate", "l2norm", "recurrent_kda"]
 
@@ -656,11 +656,14 @@ def _native_chunk(q, k, v, g, beta, initial_state, chunk_size, compute_dtype, ke
         why = "it could not be built on this machine"
     chunk = chunk_size
     if why is None:
-        gc = g.to(dt).contiguous()
-        while max_chunk_span(gc, chunk) > SPAN_LIMIT[dt] and chunk > _MIN_CHUNK:
+        # the native kernel always factorises about the chunk midpoint: the batched form's "mid" limit
+        gc, limit = g.to(dt).contiguous(), _SPAN_MID[dt]
+        span = max_chunk_span(gc, chunk)
+        while span > limit and chunk > _MIN_CHUNK:
             chunk //= 2
-        if max_chunk_span(gc, chunk) > SPAN_LIMIT[dt]:
-            why = f"some {chunk}-token chunk decays by more than {SPAN_LIMIT[dt]:g} (log), beyond its factorisation"
+            span = max_chunk_span(gc, chunk)
+        if span > limit:
+            why = f"some {chunk}-token chunk decays by more than {limit:g} (log), beyond its factorisation"
     if why is None:
         return chunk
     if kernel == "native":

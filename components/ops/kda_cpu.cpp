@@ -47,7 +47,6 @@ inline void mm(bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int l
   blas(tb ? 'T' : 'N', ta ? 'T' : 'N', N, M, K, alpha, B, ldb, A, lda, beta, C, ldc);
 }
 
-template <typename T>
 struct Shape {
   int64_t B, T_len, H, K, V, C, N;
 };
@@ -79,7 +78,7 @@ struct Work {
 
 // rows [t0, t0 + rows) of head h of batch b from a [B, T, H, D] tensor into dst [C, D] (zeros below)
 template <typename T, typename in_t>
-void load_rows(T* dst, const in_t* src, const Shape<T>& s, int64_t b, int64_t h, int64_t t0, int64_t rows,
+void load_rows(T* dst, const in_t* src, const Shape& s, int64_t b, int64_t h, int64_t t0, int64_t rows,
                int64_t D) {
   for (int64_t r = 0; r < s.C; ++r) {
     T* out = dst + r * D;
@@ -94,7 +93,7 @@ void load_rows(T* dst, const in_t* src, const Shape<T>& s, int64_t b, int64_t h,
 }
 
 template <typename T, typename out_t>
-void store_rows(out_t* dst, const T* src, const Shape<T>& s, int64_t b, int64_t h, int64_t t0, int64_t rows,
+void store_rows(out_t* dst, const T* src, const Shape& s, int64_t b, int64_t h, int64_t t0, int64_t rows,
                 int64_t D, T scale) {
   for (int64_t r = 0; r < rows; ++r) {
     out_t* row = dst + ((b * s.T_len + t0 + r) * s.H + h) * D;
@@ -108,7 +107,7 @@ void store_rows(out_t* dst, const T* src, const Shape<T>& s, int64_t b, int64_t 
 // everything the output, the hand-off and the backward need. Returns the chunk's number of real tokens.
 template <typename T, typename in_t>
 int64_t intra_chunk(Work<T>& w, const in_t* q, const in_t* k, const in_t* v, const T* g, const T* beta,
-                    const T* S, const Shape<T>& s, int64_t b, int64_t h, int64_t n) {
+                    const T* S, const Shape& s, int64_t b, int64_t h, int64_t n) {
   const int64_t C = s.C, K = s.K, V = s.V, KV2 = K + V;
   const int64_t t0 = n * C, rows = std::min(C, s.T_len - t0);
   load_rows(w.q.data(), q, s, b, h, t0, rows, K);
@@ -188,7 +187,7 @@ int64_t intra_chunk(Work<T>& w, const in_t* q, const in_t* k, const in_t* v, con
 
 template <typename T, typename in_t>
 void forward_impl(const in_t* q, const in_t* k, const in_t* v, const T* g, const T* beta, const T* init,
-                  const T* keep, in_t* o, T* states, const Shape<T>& s, T scale) {
+                  const T* keep, in_t* o, T* states, const Shape& s, T scale) {
   const int64_t C = s.C, K = s.K, V = s.V, N = s.N, KV = K * V, KV2 = K + V;
   at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
     Work<T> w(C, K, V, false);
@@ -225,7 +224,7 @@ void forward_impl(const in_t* q, const in_t* k, const in_t* v, const T* g, const
 template <typename T, typename in_t>
 void backward_impl(const in_t* q, const in_t* k, const in_t* v, const T* g, const T* beta, const T* keep,
                    const T* states, const in_t* dout, const T* dfinal, in_t* dq, in_t* dk, in_t* dv, T* dg,
-                   T* dbeta, T* dinit, const Shape<T>& s, T scale) {
+                   T* dbeta, T* dinit, const Shape& s, T scale) {
   const int64_t C = s.C, K = s.K, V = s.V, N = s.N, KV = K * V, KV2 = K + V;
   at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
     Work<T> w(C, K, V, true);
@@ -332,9 +331,8 @@ void backward_impl(const in_t* q, const in_t* k, const in_t* v, const T* g, cons
   });
 }
 
-template <typename T>
-Shape<T> shape_of(const at::Tensor& q, const at::Tensor& v, int64_t C) {
-  Shape<T> s;
+Shape shape_of(const at::Tensor& q, const at::Tensor& v, int64_t C) {
+  Shape s;
   s.B = q.size(0);
   s.T_len = q.size(1);
   s.H = q.size(2);
@@ -345,15 +343,10 @@ Shape<T> shape_of(const at::Tensor& q, const at::Tensor& v, int64_t C) {
   return s;
 }
 
-const float* opt_ptr_f(const c10::optional<at::Tensor>& t) { return t ? t->data_ptr<float>() : nullptr; }
-const double* opt_ptr_d(const c10::optional<at::Tensor>& t) { return t ? t->data_ptr<double>() : nullptr; }
-
 template <typename T>
-const T* opt_ptr(const c10::optional<at::Tensor>& t);
-template <>
-const float* opt_ptr<float>(const c10::optional<at::Tensor>& t) { return opt_ptr_f(t); }
-template <>
-const double* opt_ptr<double>(const c10::optional<at::Tensor>& t) { return opt_ptr_d(t); }
+const T* opt_ptr(const c10::optional<at::Tensor>& t) {
+  return t ? t->data_ptr<T>() : nullptr;
+}
 
 std::tuple<at::Tensor, at::Tensor> kda_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                const at::Tensor& g, const at::Tensor& beta,
@@ -365,7 +358,7 @@ std::tuple<at::Tensor, at::Tensor> kda_forward(const at::Tensor& q, const at::Te
   auto states = at::empty({q.size(0), q.size(2), N + 1, q.size(3), v.size(3)}, g.options());
   AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "kda_forward", [&] {
     using T = scalar_t;
-    auto s = shape_of<T>(q, v, chunk);
+    auto s = shape_of(q, v, chunk);
     AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "kda_forward_in", [&] {
       forward_impl<T, scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                                 g.data_ptr<T>(), beta.data_ptr<T>(), opt_ptr<T>(init), opt_ptr<T>(keep),
@@ -385,7 +378,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   auto dinit = want_dinit ? at::empty({q.size(0), q.size(2), q.size(3), v.size(3)}, g.options()) : at::empty({0}, g.options());
   AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "kda_backward", [&] {
     using T = scalar_t;
-    auto s = shape_of<T>(q, v, chunk);
+    auto s = shape_of(q, v, chunk);
     AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "kda_backward_in", [&] {
       backward_impl<T, scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                                  g.data_ptr<T>(), beta.data_ptr<T>(), opt_ptr<T>(keep), states.data_ptr<T>(),

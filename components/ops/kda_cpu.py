@@ -9,9 +9,9 @@ it: no chunk-layout copies. Its backward keeps only the state entering each chun
 of the chunk, so it saves ``(chunks + 1) x K x V`` numbers per pair instead of a dozen chunk-sized tensors.
 
 Same contract and result as ``chunk_kda`` (round-off apart); ``chunk_kda`` uses it on the CPU where it
-applies (``native_applies``) and the batched form elsewhere. The kernel is compiled with the C++ compiler
-TorchInductor uses, once per machine (PyTorch's extension cache); when it cannot be built the batched form
-runs and the reason is logged once.
+applies (``components.ops.kda._native_chunk`` decides, chunk size included) and the batched form elsewhere.
+The kernel is compiled with the C++ compiler TorchInductor uses, once per machine (PyTorch's extension
+cache); when it cannot be built the batched form runs and the reason is logged once.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ _log = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("kda_cpu.cpp")
 _lock = threading.Lock()
 _state: dict[str, object] = {}
-# the largest per-chunk log-decay span the kernel's midpoint factorisation takes (as the batched form's "mid")
-SPAN_LIMIT = {torch.float32: 80.0, torch.float64: 600.0}
 # set K3_KDA_CPU_KERNEL=0 to run the batched PyTorch form everywhere (comparisons, debugging)
 _ENV = "K3_KDA_CPU_KERNEL"
 
@@ -88,12 +86,12 @@ class _NativeChunkKDA(torch.autograd.Function):
         return o, states
 
     @staticmethod
-    def backward(ctx, do, _dstates):
+    def backward(ctx, do, dstates):
         q, k, v, g, beta, states = ctx.saved_tensors
         if do is None:
             do = torch.zeros_like(v)
         # only the final state, states[:, :, -1], leaves the function; its grad arrives through states
-        dfinal = None if _dstates is None else _dstates[:, :, -1].contiguous()
+        dfinal = None if dstates is None else dstates[:, :, -1].contiguous()
         dq, dk, dv, dg, dbeta, dinit = torch.ops.k3_kda_cpu.backward(
             q, k, v, g, beta, ctx.keep, states, do.contiguous(), dfinal, ctx.has_init, ctx.scale, ctx.chunk
         )
@@ -113,9 +111,9 @@ def native_chunk_kda(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o [B, T, H, V] in q/k/v's dtype, final state [B, H, K, V] in the compute dtype)`` of chunked KDA
     on the native kernel. q, k, v share one dtype (bf16, fp32 or fp64) and their head count; g and beta
-    are in the compute dtype (fp32, or fp64); ``chunk`` must keep every chunk's log-decay span within
-    ``SPAN_LIMIT`` (``max_chunk_span``). ``resets [B, T]``: True at chunk starts where a document starts."""
-    N = -(-q.shape[1] // chunk)
+    are in the compute dtype (fp32, or fp64); ``chunk`` must keep every chunk's log-decay span within what
+    a midpoint factorisation takes (``max_chunk_span``: 80 in fp32). ``resets [B, T]``: True at chunk
+    starts where a document starts."""
     keep = None
     if resets is not None:
         keep = (~resets[:, ::chunk]).to(g.dtype).contiguous()  # [B, N]
@@ -123,5 +121,4 @@ def native_chunk_kda(
     o, states = _NativeChunkKDA.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), init, scale, chunk, keep
     )
-    assert states.shape[2] == N + 1
-    return o, states[:, :, -1]
+    return o, states[:, :, -1]  # states: [B, H, chunks + 1, K, V], the last one final
