@@ -124,20 +124,33 @@ def strided_taps_conv(x: torch.Tensor, weight: torch.Tensor, xp: Optional[torch.
 
 @contextmanager
 def reference_kernels() -> Iterator[None]:
-    """Run KDA's chunked core as the batched PyTorch form (``chunk_kda(kernel="batched")``) instead of the
-    native CPU kernel, and SiTU-GLU as ``situ_glu_reference`` (tanh and sigmoid, autograd's backward) instead
-    of its exp form: the eager rows and the fast baseline run them, as they did when they were fixed. The
-    switches are read at call (or trace) time, so they hold inside compiled layers traced in this context."""
+    """Run the kernels the eager rows and the fast baseline ran when they were fixed: KDA's chunked core as the
+    batched PyTorch form (``chunk_kda(kernel="batched")``) instead of the native CPU kernel, KDA's q/k/v
+    convolutions as PyTorch ops (``causal_depthwise_conv``, ``l2norm``) instead of the native short-convolution
+    op, AttnRes reads as PyTorch ops instead of the native read, and SiTU-GLU as ``situ_glu_reference`` (tanh and
+    sigmoid, autograd's backward) instead of its exp form. The switches are read at call (or trace) time, so they
+    hold inside compiled layers traced in this context."""
+    import components.mixers.kda as kda_mixer
     import components.ops.activations as activations
+    import components.ops.attnres as attnres_ops
     import components.ops.kda as kda_ops
 
-    native, exp_form = kda_ops.native_available, activations.situ_glu_exp_form
-    kda_ops.native_available = _not_available
+    switches = [
+        (kda_ops, "native_available"),
+        (kda_mixer, "short_conv_native_available"),
+        (attnres_ops, "native_available"),
+    ]
+    saved = [getattr(owner, name) for owner, name in switches]
+    exp_form = activations.situ_glu_exp_form
+    for owner, name in switches:
+        setattr(owner, name, _not_available)
     activations.situ_glu_exp_form = activations.situ_glu_reference  # same signature
     try:
         yield
     finally:
-        kda_ops.native_available, activations.situ_glu_exp_form = native, exp_form
+        for (owner, name), value in zip(switches, saved):
+            setattr(owner, name, value)
+        activations.situ_glu_exp_form = exp_form
 
 
 def _not_available() -> bool:

@@ -32,7 +32,9 @@ from components.nn.matrix_layout import MatrixLayout
 from components.nn.rmsnorm import rms_norm
 from components.nn.segments import Segments
 from components.ops.backend import allowed_backends, resolve
-from components.ops.kda import chunk_kda, kda_gate, l2norm, recurrent_kda
+from components.ops.kda import L2NORM_EPS, chunk_kda, kda_gate, l2norm, recurrent_kda
+from components.ops.short_conv_cpu import native_available as short_conv_native_available
+from components.ops.short_conv_cpu import short_conv_silu_norm
 from components.registry import MIXERS, ConfigError
 
 A_LOG_INITS = ("auto", "zero", "log_uniform")
@@ -295,12 +297,7 @@ class KimiDeltaAttention(Mixer):
             raise ValueError("kda: document segments are for whole windows, not for decoding from a cache")
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
-        q, cq = causal_depthwise_conv(self.q_proj(x), self.q_conv1d.weight, state.conv_q if state else None, segments)
-        k, ck = causal_depthwise_conv(self.k_proj(x), self.k_conv1d.weight, state.conv_k if state else None, segments)
-        v, cv = causal_depthwise_conv(self.v_proj(x), self.v_conv1d.weight, state.conv_v if state else None, segments)
-        q = l2norm(q.view(B, T, H, K))  # [B, T, H, K]
-        k = l2norm(k.view(B, T, H, K))  # [B, T, H, K]
-        v = v.view(B, T, H, K)  # [B, T, H, V]
+        q, k, v, cq, ck, cv = self._qkv(x, state, segments)
         f = self.f_b_proj(self.f_a_proj(x)).view(B, T, H, K)
         g = kda_gate(f, self.A_log, self.dt_bias, self.cfg.gate_lower_bound)  # [B, T, H, K] fp32, <= 0
         beta = torch.sigmoid(self.b_proj(x).to(self._fp32_or_wider(x)))  # [B, T, H] fp32
@@ -336,6 +333,29 @@ class KimiDeltaAttention(Mixer):
             gate.to(wide).view(B, T, H, K)
         )
         return self.o_proj(o.reshape(B, T, H * K).to(x.dtype))
+
+    def _qkv(self, x: torch.Tensor, state: Optional[KDACache], segments: Optional[Segments]):
+        """q, k (L2-normalised per head) and v ``[B, T, H, K]`` after their convolutions and SiLU, and the three
+        conv caches after these tokens (None unless decoding from a cache)."""
+        B, T, _ = x.shape
+        H, K = self.n_heads, self.head_dim
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        inputs = (self.q_proj(x), self.k_proj(x), self.v_proj(x))  # [B, T, H*K] each
+        if state is None and x.device.type == "cpu" and short_conv_native_available():
+            # whole windows on the CPU: conv + SiLU (+ L2 norm) as one native op each (no conv cache to keep)
+            ids = None if segments is None else segments.ids
+            q, k, v = [
+                short_conv_silu_norm(u, conv.weight, ids, head_dim, L2NORM_EPS).view(B, T, H, K)
+                for u, conv, head_dim in zip(inputs, convs, (K, K, 0))
+            ]
+            return q, k, v, None, None, None
+        prefixes = (state.conv_q, state.conv_k, state.conv_v) if state is not None else (None, None, None)
+        (q, cq), (k, ck), (v, cv) = [
+            causal_depthwise_conv(u, conv.weight, prefix, segments) for u, conv, prefix in zip(inputs, convs, prefixes)
+        ]
+        q = l2norm(q.view(B, T, H, K))  # [B, T, H, K]
+        k = l2norm(k.view(B, T, H, K))  # [B, T, H, K]
+        return q, k, v.view(B, T, H, K), cq, ck, cv
 
     @staticmethod
     def _fp32_or_wider(x: torch.Tensor) -> torch.dtype:

@@ -18,9 +18,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from components.ops.attnres_cpu import attnres_read_native, native_available
 from components.ops.backend import check_choice, resolve
 
 __all__ = ["attnres_read", "attnres_read_reference"]
+
+_NATIVE_DTYPES = (torch.bfloat16, torch.float32, torch.float64)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -262,6 +265,9 @@ def attnres_read(
     if resolve("attnres", backend, first.device, applies=rows_aligned) == "fla":
         return _read_fla(stacked, srcs, query, norm_weight, eps, return_weights)
 
+    if not return_weights and first.device.type == "cpu" and first.dtype in _NATIVE_DTYPES and native_available():
+        # the whole read as one native op on the CPU (the weights, for diagnostics, come from the PyTorch read)
+        return attnres_read_native(srcs if srcs is not None else list(stacked.unbind(0)), query, norm_weight, eps)
     mixed, weights = _read_torch(stacked, srcs, query, norm_weight, eps, first.dtype)
     return (mixed, weights) if return_weights else mixed
 

@@ -42,7 +42,11 @@ def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+# the epsilon of KDA's q/k normalisation (inside the square root, as fla and HF have it)
+L2NORM_EPS = 1e-6
+
+
+def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
     """``x / sqrt(sum(x**2) + eps)`` over the last dim, computed in fp32, returned in x's dtype.
 
     eps sits inside the square root, added to the sum of squares (fla/HF convention), which is

@@ -16,56 +16,22 @@ cache); when it cannot be built the batched form runs and the reason is logged o
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-import threading
 from pathlib import Path
 
 import torch
 
+from components.ops.native_build import build_cpu_extension
+
 __all__ = ["native_available", "native_chunk_kda", "max_chunk_span"]
 
-_log = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("kda_cpu.cpp")
-_lock = threading.Lock()
-_state: dict[str, object] = {}
 # set K3_KDA_CPU_KERNEL=0 to run the batched PyTorch form everywhere (comparisons, debugging)
 _ENV = "K3_KDA_CPU_KERNEL"
 
 
 def native_available() -> bool:
     """Whether the native kernel is (or can be) loaded: built on the first call, then cached."""
-    if "ok" in _state:
-        return bool(_state["ok"])
-    with _lock:
-        if "ok" not in _state:
-            if os.environ.get(_ENV, "1") == "0":
-                _state["ok"] = False
-                return False
-            try:
-                from torch.utils.cpp_extension import load
-
-                # the ninja the project installs sits beside this interpreter, on PATH or not
-                bin_dir = os.path.dirname(sys.executable)
-                if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-                    os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-
-                load(
-                    name="k3_kda_cpu",
-                    sources=[str(_SOURCE)],
-                    # -fopenmp: at::parallel_for is an OpenMP loop compiled into this file (serial without it)
-                    extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
-                    # -lmvec: glibc's vector math (exp), which -ffast-math vectorised loops call
-                    extra_ldflags=["-fopenmp", "-lmvec"],
-                    is_python_module=False,
-                    verbose=False,
-                )
-                _state["ok"] = True
-            except Exception as err:  # no compiler, headers or BLAS symbols: the batched form runs instead
-                _log.warning("kda: the native CPU kernel could not be built (%s); using the batched PyTorch form", err)
-                _state["ok"] = False
-    return bool(_state["ok"])
+    return build_cpu_extension(_SOURCE, _ENV)
 
 
 def max_chunk_span(g: torch.Tensor, chunk: int) -> float:

@@ -63,7 +63,9 @@ def test_an_unknown_ablation_or_one_without_the_fast_path_is_refused_before_any_
 
 
 def test_the_eager_rows_and_the_baseline_run_the_reference_kernels():
+    import components.mixers.kda as kda_mixer
     import components.ops.activations as activations
+    import components.ops.attnres as attnres_ops
     import components.ops.kda as kda_ops
     from benchmarks.k3_speed import BASELINE, PATHS, _run_as_before, _run_reference, _runner
 
@@ -73,12 +75,15 @@ def test_the_eager_rows_and_the_baseline_run_the_reference_kernels():
 
     def step(ids):
         exact = torch.equal(activations.situ_glu(a, b), activations.situ_glu_reference(a, b))
-        seen.append((kda_ops.native_available(), exact))
+        natives = (kda_ops.native_available(), kda_mixer.short_conv_native_available(), attnres_ops.native_available())
+        seen.append((*natives, exact))
         return ids
 
     for name in PATHS:
         _runner(name)(step, 0)
-    fast = (kda_ops.native_available(), torch.equal(activations.situ_glu(a, b), activations.situ_glu_reference(a, b)))
-    assert fast[1] is False  # the exp form rounds differently from the reference
-    assert seen == [fast if name == "fast" else (False, True) for name in PATHS]
+    exp_form_exact = torch.equal(activations.situ_glu(a, b), activations.situ_glu_reference(a, b))
+    natives = (kda_ops.native_available(), kda_mixer.short_conv_native_available(), attnres_ops.native_available())
+    fast = (*natives, exp_form_exact)
+    assert fast[-1] is False  # the exp form rounds differently from the reference
+    assert seen == [fast if name == "fast" else (False, False, False, True) for name in PATHS]
     assert _runner(BASELINE) is _run_as_before and _runner("eager bf16") is _run_reference
