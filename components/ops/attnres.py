@@ -21,7 +21,7 @@ import torch
 from components.ops.attnres_cpu import attnres_read_native, native_available
 from components.ops.backend import check_choice, resolve
 
-__all__ = ["attnres_read", "attnres_read_reference"]
+__all__ = ["attnres_read", "attnres_read_and_norm", "attnres_read_reference", "fused_norm_applies"]
 
 _NATIVE_DTYPES = (torch.bfloat16, torch.float32, torch.float64)
 
@@ -265,11 +265,46 @@ def attnres_read(
     if resolve("attnres", backend, first.device, applies=rows_aligned) == "fla":
         return _read_fla(stacked, srcs, query, norm_weight, eps, return_weights)
 
-    if not return_weights and first.device.type == "cpu" and first.dtype in _NATIVE_DTYPES and native_available():
+    if not return_weights and _native_applies(first):
         # the whole read as one native op on the CPU (the weights, for diagnostics, come from the PyTorch read)
         return attnres_read_native(srcs if srcs is not None else list(stacked.unbind(0)), query, norm_weight, eps)
     mixed, weights = _read_torch(stacked, srcs, query, norm_weight, eps, first.dtype)
     return (mixed, weights) if return_weights else mixed
+
+
+def _native_applies(first: torch.Tensor) -> bool:
+    return first.device.type == "cpu" and first.dtype in _NATIVE_DTYPES and native_available()
+
+
+def fused_norm_applies(first: torch.Tensor, out_gain: torch.Tensor, backend: str = "torch") -> bool:
+    """Whether ``attnres_read_and_norm`` can run a read of sources like ``first`` with the RMSNorm gain
+    ``out_gain`` after it: the native CPU read, the gain in the compute dtype."""
+    check_choice("attnres", backend)
+    rows_aligned = (first.shape[-1] * first.element_size()) % 16 == 0
+    return (
+        resolve("attnres", backend, first.device, applies=rows_aligned) == "torch"
+        and _native_applies(first)
+        and out_gain.dtype == _compute_dtype(first.dtype)
+    )
+
+
+def attnres_read_and_norm(
+    sources: Sequence[torch.Tensor],
+    query: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    out_gain: torch.Tensor,
+    out_eps: float,
+) -> torch.Tensor:
+    """``rms_norm(attnres_read(sources, query, norm_weight, eps), out_gain, out_eps)`` (components/nn/rmsnorm.py)
+    as one native CPU op, in the compute dtype; only where ``fused_norm_applies``. Its backward recomputes the
+    read from the sources: the read's result is never kept, as ``residual.recompute`` would have it, without
+    running the read a second time."""
+    srcs = list(sources)
+    d = srcs[0].shape[-1]
+    return attnres_read_native(
+        srcs, _as_vector(query, d, "query"), _as_vector(norm_weight, d, "norm_weight"), eps, (out_gain, out_eps)
+    )
 
 
 def attnres_read_reference(

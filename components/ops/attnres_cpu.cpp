@@ -61,43 +61,93 @@ inline void token_scores(const std::vector<const S*>& src, int64_t n, int64_t d,
   for (int64_t i = 0; i < count; ++i) a[i] /= z;
 }
 
+// h = sum_i a_i u_i of token n
 template <typename S, typename A>
-void forward_impl(const std::vector<const S*>& src, const A* qw, S* out, int64_t N, int64_t d, A eps) {
+inline void token_mix(const std::vector<const S*>& src, int64_t n, int64_t d, const A* a, A* h) {
+  std::fill(h, h + d, A(0));
+  for (size_t i = 0; i < src.size(); ++i) {
+    const S* u = src[i] + n * d;
+    const A w = a[i];
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) h[c] += w * static_cast<A>(u[c]);
+  }
+}
+
+// The RMSNorm that follows a read (components/nn/rmsnorm.py): the read's result rounded to the sources' dtype
+// (x), normalised in the compute dtype and rounded again (y), times the gain in the compute dtype (out).
+// Returns 1 / sqrt(mean(x^2) + eps); x and y hold the rounded values in the compute dtype.
+template <typename S, typename A>
+inline A token_norm(const A* h, int64_t d, A eps, A* x, A* y) {
+  A ss = 0;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t c = 0; c < d; ++c) {
+    x[c] = static_cast<A>(static_cast<S>(h[c]));
+    ss += x[c] * x[c];
+  }
+  const A r = A(1) / std::sqrt(ss / static_cast<A>(d) + eps);
+#pragma omp simd
+  for (int64_t c = 0; c < d; ++c) y[c] = static_cast<A>(static_cast<S>(x[c] * r));
+  return r;
+}
+
+// kNorm: out = RMSNorm(read) [N, d] in the compute dtype; else out = read [N, d] in the sources' dtype
+template <bool kNorm, typename S, typename A, typename O>
+void forward_impl(const std::vector<const S*>& src, const A* qw, A eps, const A* nw, A neps, O* out, int64_t N,
+                  int64_t d) {
   const int64_t count = static_cast<int64_t>(src.size()), tiles = (N + kTile - 1) / kTile;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<A> rstd(count), dot(count), a(count), h(d);
+    std::vector<A> rstd(count), dot(count), a(count), h(d), x(d), y(d);
     for (int64_t tile = begin; tile < end; ++tile) {
       for (int64_t n = tile * kTile; n < std::min(N, (tile + 1) * kTile); ++n) {
         token_scores(src, n, d, qw, eps, rstd.data(), dot.data(), a.data());
-        std::fill(h.begin(), h.end(), A(0));
-        for (int64_t i = 0; i < count; ++i) {
-          const S* u = src[i] + n * d;
-          const A w = a[i];
+        token_mix(src, n, d, a.data(), h.data());
+        O* o = out + n * d;
+        if constexpr (kNorm) {
+          token_norm<S>(h.data(), d, neps, x.data(), y.data());
 #pragma omp simd
-          for (int64_t c = 0; c < d; ++c) h[c] += w * static_cast<A>(u[c]);
+          for (int64_t c = 0; c < d; ++c) o[c] = y[c] * nw[c];
+        } else {
+#pragma omp simd
+          for (int64_t c = 0; c < d; ++c) o[c] = static_cast<O>(h[c]);
         }
-        S* o = out + n * d;
-#pragma omp simd
-        for (int64_t c = 0; c < d; ++c) o[c] = static_cast<S>(h[c]);
       }
     }
   });
 }
 
-template <typename S, typename A>
-void backward_impl(const std::vector<const S*>& src, const A* qw, const S* dout, const std::vector<S*>& dsrc,
-                   A* dqw, int64_t N, int64_t d, A eps) {
+// dout: [N, d] of the forward's output (O); writes every source's grad, qw's and (kNorm) the gain's
+template <bool kNorm, typename S, typename A, typename O>
+void backward_impl(const std::vector<const S*>& src, const A* qw, A eps, const A* nw, A neps, const O* dout,
+                   const std::vector<S*>& dsrc, A* dqw, A* dnw, int64_t N, int64_t d) {
   const int64_t count = static_cast<int64_t>(src.size()), tiles = (N + kTile - 1) / kTile;
-  std::vector<A> partial(tiles * d, A(0));  // dqw per tile
+  const int64_t width = kNorm ? 2 * d : d;  // per tile: dqw, then (kNorm) the gain's grad
+  std::vector<A> partial(tiles * width, A(0));
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<A> rstd(count), dot(count), a(count), da(count), g(d);
+    std::vector<A> rstd(count), dot(count), a(count), da(count), g(d), h(d), x(d), y(d);
     for (int64_t tile = begin; tile < end; ++tile) {
-      A* mine = partial.data() + tile * d;
+      A* mine = partial.data() + tile * width;
       for (int64_t n = tile * kTile; n < std::min(N, (tile + 1) * kTile); ++n) {
         token_scores(src, n, d, qw, eps, rstd.data(), dot.data(), a.data());
-        const S* go = dout + n * d;
+        const O* go = dout + n * d;
+        if constexpr (kNorm) {
+          // through the norm (its roundings pass gradients unchanged): dy = dout gain, the gain's grad dout y,
+          // dx = r (dy - xhat mean(dy xhat)) with xhat = x r, which is the read's grad
+          token_mix(src, n, d, a.data(), h.data());
+          const A r = token_norm<S>(h.data(), d, neps, x.data(), y.data());
+          A* dnw_tile = mine + d;
+          A m = 0;
+#pragma omp simd reduction(+ : m)
+          for (int64_t c = 0; c < d; ++c) {
+            dnw_tile[c] += go[c] * y[c];
+            m += go[c] * nw[c] * x[c];
+          }
+          m *= r / static_cast<A>(d);
 #pragma omp simd
-        for (int64_t c = 0; c < d; ++c) g[c] = static_cast<A>(go[c]);
+          for (int64_t c = 0; c < d; ++c) g[c] = r * (go[c] * nw[c] - x[c] * r * m);
+        } else {
+#pragma omp simd
+          for (int64_t c = 0; c < d; ++c) g[c] = static_cast<A>(go[c]);
+        }
         // da_i = g . u_i; the softmax's backward: dscore_i = a_i (da_i - sum_j a_j da_j)
         A mean_da = 0;
         for (int64_t i = 0; i < count; ++i) {
@@ -118,17 +168,21 @@ void backward_impl(const std::vector<const S*>& src, const A* qw, const S* dout,
           S* du = dsrc[i] + n * d;
 #pragma omp simd
           for (int64_t c = 0; c < d; ++c) {
-            const A x = static_cast<A>(u[c]);
-            du[c] = static_cast<S>(wg * g[c] + wq * qw[c] + wu * x);
-            mine[c] += wq * x;
+            const A xc = static_cast<A>(u[c]);
+            du[c] = static_cast<S>(wg * g[c] + wq * qw[c] + wu * xc);
+            mine[c] += wq * xc;
           }
         }
       }
     }
   });
   std::fill(dqw, dqw + d, A(0));
-  for (int64_t tile = 0; tile < tiles; ++tile)
-    for (int64_t c = 0; c < d; ++c) dqw[c] += partial[tile * d + c];
+  if constexpr (kNorm) std::fill(dnw, dnw + d, A(0));
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    for (int64_t c = 0; c < d; ++c) dqw[c] += partial[tile * width + c];
+    if constexpr (kNorm)
+      for (int64_t c = 0; c < d; ++c) dnw[c] += partial[tile * width + d + c];
+  }
 }
 
 void check(const std::vector<at::Tensor>& sources, const at::Tensor& qw) {
@@ -149,44 +203,75 @@ std::vector<const S*> pointers(const std::vector<at::Tensor>& sources) {
   return out;
 }
 
-at::Tensor attnres_forward(const std::vector<at::Tensor>& sources, const at::Tensor& qw, double eps) {
+// the optional norm gain, checked: [d] in the compute dtype
+const at::Tensor* norm_of(const c10::optional<at::Tensor>& norm_weight, const at::Tensor& qw) {
+  if (!norm_weight.has_value()) return nullptr;
+  TORCH_CHECK(norm_weight->sizes() == qw.sizes() && norm_weight->scalar_type() == qw.scalar_type() &&
+                  norm_weight->is_contiguous(),
+              "attnres_read: norm_weight must be a contiguous [d] tensor in the compute dtype");
+  return &*norm_weight;
+}
+
+at::Tensor attnres_forward(const std::vector<at::Tensor>& sources, const at::Tensor& qw, double eps,
+                           const c10::optional<at::Tensor>& norm_weight, double norm_eps) {
   check(sources, qw);
-  auto out = at::empty_like(sources[0]);
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, out.scalar_type(), "attnres_forward", [&] {
+  const at::Tensor* nw = norm_of(norm_weight, qw);
+  auto out = nw ? at::empty(sources[0].sizes(), qw.options()) : at::empty_like(sources[0]);
+  const int64_t N = sources[0].size(0), d = sources[0].size(1);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, sources[0].scalar_type(), "attnres_forward", [&] {
     using A = typename Compute<scalar_t>::type;
     TORCH_CHECK(qw.scalar_type() == c10::CppTypeToScalarType<A>::value, "attnres_read: qw in the compute dtype");
-    forward_impl<scalar_t, A>(pointers<scalar_t>(sources), qw.data_ptr<A>(), out.data_ptr<scalar_t>(),
-                              out.size(0), out.size(1), static_cast<A>(eps));
+    const auto src = pointers<scalar_t>(sources);
+    if (nw) {
+      forward_impl<true, scalar_t, A, A>(src, qw.data_ptr<A>(), static_cast<A>(eps), nw->data_ptr<A>(),
+                                         static_cast<A>(norm_eps), out.data_ptr<A>(), N, d);
+    } else {
+      forward_impl<false, scalar_t, A, scalar_t>(src, qw.data_ptr<A>(), static_cast<A>(eps), nullptr, A(0),
+                                                 out.data_ptr<scalar_t>(), N, d);
+    }
   });
   return out;
 }
 
-std::tuple<std::vector<at::Tensor>, at::Tensor> attnres_backward(const std::vector<at::Tensor>& sources,
-                                                                 const at::Tensor& qw, const at::Tensor& dout,
-                                                                 double eps) {
+std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> attnres_backward(
+    const std::vector<at::Tensor>& sources, const at::Tensor& qw, const at::Tensor& dout, double eps,
+    const c10::optional<at::Tensor>& norm_weight, double norm_eps) {
   check(sources, qw);
-  TORCH_CHECK(dout.sizes() == sources[0].sizes() && dout.scalar_type() == sources[0].scalar_type() &&
-                  dout.is_contiguous(),
-              "attnres_read: dout must be contiguous, of a source's shape and dtype");
+  const at::Tensor* nw = norm_of(norm_weight, qw);
+  TORCH_CHECK(dout.sizes() == sources[0].sizes() && dout.is_contiguous() &&
+                  dout.scalar_type() == (nw ? qw.scalar_type() : sources[0].scalar_type()),
+              "attnres_read: dout must be contiguous, of the forward output's shape and dtype");
   std::vector<at::Tensor> dsources;
-  for (size_t i = 0; i < sources.size(); ++i) dsources.push_back(at::empty_like(sources[i]));
+  for (const auto& u : sources) dsources.push_back(at::empty_like(u));
   auto dqw = at::empty_like(qw);
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dout.scalar_type(), "attnres_backward", [&] {
+  // a custom op returns tensors, never None: an empty one when there is no norm
+  auto dnw = nw ? at::empty_like(qw) : at::empty({0}, qw.options());
+  const int64_t N = sources[0].size(0), d = sources[0].size(1);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, sources[0].scalar_type(), "attnres_backward", [&] {
     using A = typename Compute<scalar_t>::type;
     TORCH_CHECK(qw.scalar_type() == c10::CppTypeToScalarType<A>::value, "attnres_read: qw in the compute dtype");
+    const auto src = pointers<scalar_t>(sources);
     std::vector<scalar_t*> dptr;
     for (auto& t : dsources) dptr.push_back(t.data_ptr<scalar_t>());
-    backward_impl<scalar_t, A>(pointers<scalar_t>(sources), qw.data_ptr<A>(), dout.data_ptr<scalar_t>(), dptr,
-                               dqw.data_ptr<A>(), dout.size(0), dout.size(1), static_cast<A>(eps));
+    if (nw) {
+      backward_impl<true, scalar_t, A, A>(src, qw.data_ptr<A>(), static_cast<A>(eps), nw->data_ptr<A>(),
+                                          static_cast<A>(norm_eps), dout.data_ptr<A>(), dptr, dqw.data_ptr<A>(),
+                                          dnw.data_ptr<A>(), N, d);
+    } else {
+      backward_impl<false, scalar_t, A, scalar_t>(src, qw.data_ptr<A>(), static_cast<A>(eps), nullptr, A(0),
+                                                  dout.data_ptr<scalar_t>(), dptr, dqw.data_ptr<A>(), nullptr, N,
+                                                  d);
+    }
   });
-  return {dsources, dqw};
+  return {dsources, dqw, dnw};
 }
 
 }  // namespace
 
 TORCH_LIBRARY(k3_attnres_cpu, m) {
-  m.def("forward(Tensor[] sources, Tensor qw, float eps) -> Tensor");
-  m.def("backward(Tensor[] sources, Tensor qw, Tensor dout, float eps) -> (Tensor[], Tensor)");
+  m.def("forward(Tensor[] sources, Tensor qw, float eps, Tensor? norm_weight, float norm_eps) -> Tensor");
+  m.def("backward(Tensor[] sources, Tensor qw, Tensor dout, float eps, Tensor? norm_weight, float norm_eps) -> "
+        "(Tensor[], Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(k3_attnres_cpu, CPU, m) {

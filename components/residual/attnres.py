@@ -33,6 +33,9 @@ are those of a plain residual (its stream tensor per sublayer is here the partia
 AttnRes, the sublayer output) plus the block summaries, which are partial sums saved anyway: memory grows
 with the number of blocks, not with the reads (``benchmarks/residual.py``). The price is one more read per
 sublayer in backward. ``recompute=false`` keeps every read's output (one more ``[B, T, d]`` per sublayer).
+On the CPU the read and its pre-norm are one native op (``components.ops.attnres.attnres_read_and_norm``)
+whose backward recomputes the read from the sources: the memory of ``recompute=true`` without the second
+read, whichever ``recompute`` says.
 Full AttnRes keeps every sublayer output live (O(L) state: decoding, pipeline stages) and costs O(L^2)
 read compute; blocks bound both.
 
@@ -54,7 +57,7 @@ from torch.utils.checkpoint import checkpoint
 from components.config import ComponentConfig
 from components.nn.build_context import BuildContext
 from components.nn.rmsnorm import RMSNorm
-from components.ops.attnres import attnres_read
+from components.ops.attnres import attnres_read, attnres_read_and_norm, fused_norm_applies
 from components.ops.backend import allowed_backends
 from components.registry import RESIDUALS, ConfigError
 from components.residual.base import CheckpointName, ResidualScheme
@@ -182,6 +185,9 @@ class _AttnResBase(ResidualScheme):
             h, weights = attnres_read(sources, query, gain, self.eps, return_weights=True, backend=self.backend)
             self._record(key, weights)  # weights: [S, B, T]
             return h if norm is None else norm(h)
+        if isinstance(norm, RMSNorm) and fused_norm_applies(sources[0], norm.weight, self.backend):
+            # read and norm as one native op, which keeps only the sources and recomputes the read in backward
+            return attnres_read_and_norm(sources, query, gain, self.eps, norm.weight, norm.eps)
         if self.cfg.recompute and norm is not None and torch.is_grad_enabled():
             # save only the sources (references: they are saved or live anyway) and recompute read + norm in
             # backward: the mixed input is never kept, so saved activations stay those of a plain residual

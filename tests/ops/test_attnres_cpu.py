@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import components.ops.attnres as attnres_ops
-from components.ops.attnres import _read_torch, attnres_read, attnres_read_reference
+from components.nn.rmsnorm import rms_norm
+from components.ops.attnres import _read_torch, attnres_read, attnres_read_and_norm, attnres_read_reference
 from components.ops.attnres_cpu import attnres_read_native, native_available
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the native AttnRes read could not be built here")
@@ -111,3 +112,64 @@ def test_compiles_into_the_graph_without_a_break():
     inputs = [*sources, query, gain]
     for a, b in zip(torch.autograd.grad(got, inputs, dout), torch.autograd.grad(ref, inputs, dout)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5)
+
+
+def _norm_reference(sources, query, gain, out_gain, read=attnres_read_reference):
+    return rms_norm(read(sources, query, gain, 1e-5), out_gain, 1e-6)
+
+
+@pytest.mark.parametrize("S", [1, 4])
+def test_read_and_norm_equal_the_composition_in_float64(S):
+    sources, query, gain, dout = _case(S, seed=20 + S)
+    out_gain = (1 + 0.2 * torch.randn(query.shape, dtype=torch.float64)).requires_grad_()
+    got = attnres_read_and_norm(sources, query, gain, 1e-5, out_gain, 1e-6)
+    ref = _norm_reference(sources, query, gain, out_gain)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-13)
+    inputs = [*sources, query, gain, out_gain]
+    for i, (a, b) in enumerate(zip(torch.autograd.grad(got, inputs, dout), torch.autograd.grad(ref, inputs, dout))):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11, msg=f"input {i}")
+
+
+def test_read_and_norm_round_as_the_bf16_composition():
+    # bf16 sources: the read is rounded to bf16 before the norm and the normalised value again before the gain,
+    # as components/nn/rmsnorm.py does; the result is in fp32
+    sources, query, gain, dout = _case(3, dtype=torch.bfloat16, seed=30)
+    out_gain = (1 + 0.2 * torch.randn(query.shape)).requires_grad_()
+    got = attnres_read_and_norm(sources, query, gain, 1e-5, out_gain, 1e-6)
+    ref = rms_norm(attnres_read_native(sources, query, gain, 1e-5), out_gain, 1e-6)
+    assert got.dtype == ref.dtype == torch.float32
+    # the same two roundings: equal but where fp32 sums round a bf16 value to its neighbour
+    close = torch.isclose(got, ref, rtol=0, atol=1e-6)
+    assert close.float().mean() > 0.99
+    torch.testing.assert_close(got, ref, rtol=1e-2, atol=1e-2)
+    inputs = [*sources, query, gain, out_gain]
+    for a, b in zip(torch.autograd.grad(got, inputs, dout), torch.autograd.grad(ref, inputs, dout)):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2 * b.abs().max().item())
+
+
+def test_block_attnres_fuses_each_read_with_its_norm_on_the_cpu(monkeypatch):
+    # a whole model's step: the same loss and grads with the fused op as with the read and norm apart
+    import components.residual.attnres as residual_module
+    from components.model import Decoder
+    from runtime.launch import validate_overrides
+
+    root = validate_overrides(["model=tiny", "residual=block_attnres", "mixer=gqa", "ffn=dense"])
+    torch.manual_seed(0)
+    model = Decoder(root.decoder_config()).double()
+    ids = torch.randint(0, model.embed.weight.shape[0], (2, 33))
+    calls = []
+    fused = residual_module.attnres_read_and_norm
+    monkeypatch.setattr(residual_module, "attnres_read_and_norm", lambda *a: calls.append(1) or fused(*a))
+
+    def run():
+        loss = model(ids).square().mean()
+        return (loss, *torch.autograd.grad(loss, list(model.parameters())))
+
+    got = run()
+    assert calls  # the fused op ran
+    monkeypatch.setattr(residual_module, "fused_norm_applies", lambda *a: False)
+    calls.clear()
+    ref = run()
+    assert not calls
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
