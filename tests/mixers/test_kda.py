@@ -302,3 +302,24 @@ def test_shifted_convolution_equals_conv1d_with_gradients(T, with_prefix):
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("full_rank_gate", [True, False])
+def test_stacked_input_projections_equal_the_separate_ones(monkeypatch, full_rank_gate):
+    # windows of FUSED_PROJECTION_MIN_ROWS tokens or more run the input projections as one stacked product:
+    # the same layer output and parameter grads as six separate products
+    import components.mixers.kda as kda_mixer
+
+    m = make(full_rank_gate=full_rank_gate)
+    x = torch.randn(2, 40, 48, dtype=torch.float64, requires_grad=True)
+
+    def run():
+        y = m(x)
+        return (y, *torch.autograd.grad(y.square().sum(), [x, *m.parameters()]))
+
+    monkeypatch.setattr(kda_mixer, "FUSED_PROJECTION_MIN_ROWS", 1)
+    stacked = run()
+    monkeypatch.setattr(kda_mixer, "FUSED_PROJECTION_MIN_ROWS", 10**9)
+    separate = run()
+    for a, b in zip(stacked, separate):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
