@@ -229,3 +229,17 @@ def lr_multiplier(step: int, warmup: int, total: int, schedule: str, min_ratio: 
     if issubclass(config_cls, DecayingScheduleConfig):
         fields["min_lr_ratio"] = min_ratio
     return SCHEDULES.build(config_cls(**fields)).multiplier(step, warmup, total)
+
+
+def assert_same_bits_on_one_and_two_threads(run) -> None:
+    """``run()`` (a tuple of tensors) gives the same bits on one thread as on two."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(2)
+        two = run()
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(one, two):
+        assert torch.equal(a, b)

@@ -8,6 +8,7 @@ import components.ops.attnres as attnres_ops
 from components.nn.rmsnorm import rms_norm
 from components.ops.attnres import _read_torch, attnres_read, attnres_read_and_norm, attnres_read_reference
 from components.ops.attnres_cpu import attnres_read_native, native_available
+from tests.helpers import assert_same_bits_on_one_and_two_threads
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the native AttnRes read could not be built here")
 
@@ -89,16 +90,7 @@ def test_results_do_not_depend_on_the_thread_count():
         y = attnres_read_native(sources, query, gain, 1e-5)
         return (y, *torch.autograd.grad(y, [*sources, query, gain], dout))
 
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = run()
-        torch.set_num_threads(2)
-        two = run()
-    finally:
-        torch.set_num_threads(threads)
-    for a, b in zip(one, two):
-        assert torch.equal(a, b)
+    assert_same_bits_on_one_and_two_threads(run)
 
 
 def test_compiles_into_the_graph_without_a_break():

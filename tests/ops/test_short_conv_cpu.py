@@ -11,6 +11,7 @@ from components.nn.segments import Segments
 from components.ops.kda import L2NORM_EPS, l2norm
 from components.ops.native_build import build_cpu_extension
 from components.ops.short_conv_cpu import native_available, short_conv_silu_norm
+from tests.helpers import assert_same_bits_on_one_and_two_threads
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the native short-convolution op could not be built")
 
@@ -83,16 +84,7 @@ def test_results_do_not_depend_on_the_thread_count():
         y = short_conv_silu_norm(x, weight, segments.ids, 8, L2NORM_EPS)
         return (y, *torch.autograd.grad(y, (x, weight), dout))
 
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = run()
-        torch.set_num_threads(2)
-        two = run()
-    finally:
-        torch.set_num_threads(threads)
-    for a, b in zip(one, two):
-        assert torch.equal(a, b)
+    assert_same_bits_on_one_and_two_threads(run)
 
 
 def test_compiles_into_the_graph_without_a_break():
