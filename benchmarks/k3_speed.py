@@ -51,6 +51,10 @@ swiglu,no_mtp`` runs a subset).
 Then the loss curves: ``--curve-steps`` steps of the eager reference, of the fast path and of eager fp32
 from the same weights on the same corpus batches; the fast path's differences from the reference are
 printed beside the reference's own differences from fp32, the size of bf16 noise on this run.
+
+On a CPU without native bf16 products (no AMX or AVX-512 BF16: bf16 products are emulated there, many times
+slower than fp32) the bf16 rows run in fp32, as ``trainer.precision=auto`` trains there, and the peak is
+fp32's (``--precision bf16`` forces bf16 anyway, ``--precision fp32`` fp32 anywhere).
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from benchmarks.timing import medians, time_interleaved
 from benchmarks.train_step import train_setup
 from runtime.cpu_allocator import keep_freed_memory
 from runtime.launch import conf_dir, validate_overrides
+from runtime.precision import cpu_has_native_bf16
 
 # MLA's attention through SDPA, as every path ran it before attention_kernel existed
 SDPA = ["mixers.mla.attention_kernel=sdpa"]
@@ -203,11 +208,11 @@ def _runner(name: str):
     return (lambda step, ids: step(ids)) if name == "fast" else _run_reference
 
 
-def matmul_peak(seconds: float = 1.0) -> float:
-    """This machine's bf16 matrix-product rate in FLOP/s: the best of square products of 1,024 to 2,048."""
+def matmul_peak(seconds: float = 1.0, dtype: torch.dtype = torch.bfloat16) -> float:
+    """This machine's matrix-product rate in ``dtype`` in FLOP/s: the best of square products of 1,024 to 2,048."""
     best = 0.0
     for n in (1024, 1536, 2048):
-        a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         for _ in range(2):
             a @ b
         calls, t0 = 0, time.perf_counter()
@@ -216,6 +221,14 @@ def matmul_peak(seconds: float = 1.0) -> float:
             calls += 1
         best = max(best, 2 * n**3 * calls / (time.perf_counter() - t0))
     return best
+
+
+def low_precision(choice: str) -> str:
+    """What ``--precision`` makes of the bf16 rows: ``auto`` keeps them bf16 where this CPU multiplies bf16
+    natively and runs them in fp32 elsewhere (as ``trainer.precision=auto`` trains)."""
+    if choice == "auto":
+        return "bf16" if cpu_has_native_bf16() else "fp32"
+    return choice
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--curve-batch", type=int, default=8)
     ap.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of: " + ", ".join(PATHS))
     ap.add_argument("--no-default", action="store_true", help="leave out the plain decoders' rows")
+    ap.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="the bf16 rows' precision (auto: bf16 where this CPU multiplies bf16 natively, else fp32)",
+    )
     ap.add_argument("--components", action="store_true", help="also the per-component table of an eager step")
     ap.add_argument(
         "--ablations",
@@ -250,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     if swapped and "fast" not in names:
         ap.error("--ablations compares against the fast path: keep 'fast' in --paths")
 
+    low = low_precision(args.precision)
+
+    def precision_of(path_precision: str) -> str:
+        return low if path_precision == "bf16" else path_precision
+
     keep_freed_memory()  # as the trainer does on the CPU, for every path alike
     # every model compiled here adds its layers' graphs to the same decoder-layer code: room for all of them
     # (TorchDynamo's default limit falls back to eager once about five k3_small-sized models are compiled)
@@ -262,7 +286,13 @@ def main(argv: list[str] | None = None) -> int:
         "tokens; "
         f"{args.warmup} warmup + {args.rounds} timed steps each, interleaved"
     )
-    peak_before = matmul_peak()
+    if low != "bf16":
+        print(
+            "the bf16 rows run in fp32"
+            + (" (this CPU has no native bf16 matrix products)" if args.precision == "auto" else "")
+        )
+    peak_dtype = torch.bfloat16 if low == "bf16" else torch.float32
+    peak_before = matmul_peak(dtype=peak_dtype)
     ids = corpus_batches(validate_overrides(list(overrides)), 1, args.batch, args.seq)[0]
     steps, tokens, flops = {}, {}, {}
     for name in names:
@@ -271,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             validate_overrides([*overrides, *extra]),
             torch.device("cpu"),
             compile,
-            precision=precision,
+            precision=precision_of(precision),
             compile_finish=name != BASELINE,
         )
         steps[name] = lambda s=step, run=_runner(name): run(s, ids)
@@ -286,22 +316,22 @@ def main(argv: list[str] | None = None) -> int:
             plain_ids = corpus_batches(root, 1, root.data.batch_size, root.data.seq_len)[0]
             # what the trainer runs: one graph for a plain decoder
             mode = compile_mode(root.trainer, build_on_meta(root.decoder_config()))
-            model, step = train_setup(root, torch.device("cpu"), mode)
+            model, step = train_setup(root, torch.device("cpu"), mode, precision=low)
             steps[name] = lambda s=step, ids=plain_ids: s(ids)
             tokens[name] = root.data.batch_size * root.data.seq_len
             flops[name] = model.flops_per_token(root.data.seq_len)
     for name in swapped:
         compile, precision, extra = PATHS["fast"]
         root = validate_overrides([f"experiment={ABLATION_PREFIX}{name}", *args.overrides, *extra])
-        model, step = train_setup(root, torch.device("cpu"), compile, precision=precision)
+        model, step = train_setup(root, torch.device("cpu"), compile, precision=precision_of(precision))
         steps[ABLATION_PREFIX + name] = lambda s=step: s(ids)
         tokens[ABLATION_PREFIX + name] = args.batch * args.seq
         flops[ABLATION_PREFIX + name] = model.flops_per_token(args.seq)
     t0 = time.perf_counter()
     sec = medians(time_interleaved(steps, args.rounds, warmup=args.warmup, settle=1))
-    peak = max(peak_before, matmul_peak())
+    peak = max(peak_before, matmul_peak(dtype=peak_dtype))
     ref = sec.get(REFERENCE)
-    print(f"bf16 matrix-product peak of this machine: {peak / 1e9:,.0f} GFLOP/s")
+    print(f"{str(peak_dtype).removeprefix('torch.')} matrix-product peak of this machine: {peak / 1e9:,.0f} GFLOP/s")
     print(
         f"{'path':14s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/tok':>10s} {'GFLOP/s':>8s} {'MFU':>6s} "
         f"{'vs ' + REFERENCE:>14s}"
@@ -336,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
 
         compile, precision, extra = PATHS["eager auto"]
         model, step = train_setup(
-            validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision
+            validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision_of(precision)
         )
-        print("\nwhere an eager bf16 step of k3_small spends its time (exclusive, ms per step):")
+        print(f"\nwhere an eager {low} step of k3_small spends its time (exclusive, ms per step):")
         rows, total = component_times(model, step, ids)
         print_table(rows, total, args.batch * args.seq)
 
@@ -348,7 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("eager fp32", REFERENCE, "fast"):
             compile, precision, extra = PATHS[name]
             _, step = train_setup(
-                validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision
+                validate_overrides([*overrides, *extra]),
+                torch.device("cpu"),
+                compile,
+                precision=precision_of(precision),
             )
             curves[name] = [float(_runner(name)(step, b)) for b in batches]
 
@@ -361,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{n} {c[0]:.4f} -> {c[-1]:.4f}" for n, c in curves.items())
         )
         print(f"  fast vs {REFERENCE}: {gap('fast', REFERENCE)}")
-        print(f"  bf16 noise, {REFERENCE} vs eager fp32: {gap(REFERENCE, 'eager fp32')}")
+        noise = "bf16 noise" if low == "bf16" else "fp32 rows (no bf16 noise), the dispatch's own difference"
+        print(f"  {noise}, {REFERENCE} vs eager fp32: {gap(REFERENCE, 'eager fp32')}")
     return 0
 
 

@@ -35,6 +35,8 @@ class TrainerConfig:
     # step still counts: it advances the step counter, the learning-rate schedule and the data.
     on_nonfinite: str = "stop"
     max_skipped_steps: int = 10
+    # a Lightning precision, or auto: bf16-mixed on GPUs and on CPUs with native bf16 products (AMX,
+    # AVX-512 BF16), 32-true on other CPUs (runtime/precision.py); resolved when the config is validated
     precision: str = "32-true"
     # how long to train: max_steps optimizer steps, or (max_steps=null) a budget of max_tokens training
     # tokens, turned into steps of data.batch_size x data.seq_len x accumulate_grad_batches tokens

@@ -27,6 +27,7 @@ from runtime import handoff
 from runtime.branching import branch_checkpoint
 from runtime.checkpoint_files import CorruptCheckpointError, load_checkpoint_file
 from runtime.config import RootConfig, to_container
+from runtime.precision import describe_precision
 from runtime.token_budget import describe_length, time_guard_minutes, training_steps
 
 
@@ -210,6 +211,7 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
             f"{describe_plan(model.plan)}"
         )
         print(f"training: {length}")
+        print(f"precision: {describe_precision(root.trainer.precision, root.trainer.accelerator)}")
         if ckpt:
             print(f"{'branching from' if branched else 'resuming from'} {ckpt}")
         if init_weights:
@@ -245,6 +247,7 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
             "params": model.num_params(),
             "active_params": model.active_params(),
             "d_model": root.model.d_model,
+            "precision": root.trainer.precision,  # what trainer.precision=auto chose on this machine
             "decode_state_numbers": model.decode_state_numbers(),  # analysis.compare's state-size axis
             # parameters by kind, training tokens and FLOPs by part (components/flop_count.py): a scaling fit's x
             "compute": compute_record(model, seq_len, trained_tokens),

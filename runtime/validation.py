@@ -17,10 +17,11 @@ from omegaconf.errors import OmegaConfBaseException
 from components.ops.backend import interpreting
 from components.registry import ConfigError, closest
 from runtime.config import COMPONENT_KEYS, REGISTRIES, RootConfig, component_configs, data_parallel_ranks
+from runtime.precision import resolve_precision
 
 ALLOWED = {
     "trainer.accelerator": ("cpu", "gpu", "cuda", "auto"),
-    "trainer.precision": ("32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "64-true"),
+    "trainer.precision": ("auto", "32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "64-true"),
     "logger.name": ("wandb", "csv"),
     "trainer.compile": ("auto", "true", "false", "True", "False"),
     "trainer.strategy": ("auto", "ddp", "fsdp2"),
@@ -125,6 +126,8 @@ def validate(cfg: DictConfig) -> RootConfig:
         check(value in allowed, key, f"'{value}' is not allowed; choose one of {', '.join(allowed)}")
 
     t = root.trainer
+    # from here on the run's config names the precision it trains in (its W&B record and summary too)
+    t.precision = resolve_precision(t.precision, t.accelerator)
     check(
         t.max_steps is not None or t.max_tokens is not None,
         "trainer.max_steps",

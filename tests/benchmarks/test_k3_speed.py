@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import benchmarks.k3_speed as k3_speed
 import components.mixers.kda as kda
 from benchmarks.k3_speed import as_before, strided_taps_conv
 from components.nn.segments import Segments
@@ -87,3 +88,11 @@ def test_the_eager_rows_and_the_baseline_run_the_reference_kernels():
     assert fast[-1] is False  # the exp form rounds differently from the reference
     assert seen == [fast if name == "fast" else (False, False, False, True) for name in PATHS]
     assert _runner(BASELINE) is _run_as_before and _runner("eager bf16") is _run_reference
+
+
+@pytest.mark.parametrize("native,expected", [(True, "bf16"), (False, "fp32")])
+def test_the_bf16_rows_run_in_fp32_where_bf16_products_are_emulated(monkeypatch, native, expected):
+    monkeypatch.setattr(k3_speed, "cpu_has_native_bf16", lambda: native)
+    assert k3_speed.low_precision("auto") == expected
+    assert k3_speed.low_precision("bf16") == "bf16"  # forced
+    assert k3_speed.low_precision("fp32") == "fp32"

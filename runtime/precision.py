@@ -1,0 +1,50 @@
+"""``trainer.precision=auto``: bf16 mixed precision where the hardware multiplies bf16 natively, fp32 elsewhere.
+
+On a CPU, bf16 autocast pays only where the matrix units take bf16 operands (AMX tiles or AVX-512 BF16):
+there a bf16 product runs several times faster than an fp32 one. A CPU without them (AVX2 only) has no bf16
+kernel for them: PyTorch's fallback converts element by element, and a 1,024-square bf16 product ran at
+about 1 GFLOP/s on one such 2-core machine against fp32's 110, so bf16 autocast would make training many
+times slower than fp32. ``auto``
+resolves once, when the config is validated, so the run's config, its W&B record and its summary name the
+precision it trained in.
+"""
+
+from __future__ import annotations
+
+import torch
+
+AUTO = "auto"
+BF16 = "bf16-mixed"
+FP32 = "32-true"
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 operands in hardware (AMX tiles or AVX-512 BF16)."""
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
+
+
+def runs_on_gpu(accelerator: str) -> bool:
+    """Whether ``trainer.accelerator`` puts the run on a GPU (``auto``: when one is visible)."""
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def resolve_precision(precision: str, accelerator: str) -> str:
+    """The Lightning precision ``precision`` stands for on ``accelerator``: ``auto`` is ``bf16-mixed`` on a GPU
+    (every GPU this project targets has bf16 tensor cores) and on a CPU with native bf16 products, ``32-true``
+    on any other CPU; any other value is returned as given."""
+    if precision != AUTO:
+        return precision
+    return BF16 if runs_on_gpu(accelerator) or cpu_has_native_bf16() else FP32
+
+
+def describe_precision(precision: str, accelerator: str) -> str:
+    """One line for the run's log: the (resolved) precision, and a warning where bf16 would be emulated."""
+    if "bf16" in precision and not runs_on_gpu(accelerator) and not cpu_has_native_bf16():
+        return (
+            f"{precision} -- warning: this CPU has no native bf16 matrix products (no AMX or AVX-512 BF16), "
+            "bf16 products run far slower than fp32 here; trainer.precision=auto or 32-true trains in fp32"
+        )
+    if precision == FP32 and not runs_on_gpu(accelerator) and not cpu_has_native_bf16():
+        return f"{precision} (this CPU has no native bf16 matrix products)"
+    return precision
