@@ -1,27 +1,19 @@
 """``trainer.precision=auto``: bf16 mixed precision where the hardware multiplies bf16 natively, fp32 elsewhere.
 
-On a CPU, bf16 autocast pays only where the matrix units take bf16 operands (AMX tiles or AVX-512 BF16):
-there a bf16 product runs several times faster than an fp32 one. A CPU without them (AVX2 only) has no bf16
-kernel for them: PyTorch's fallback converts element by element, and a 1,024-square bf16 product ran at
-about 1 GFLOP/s on one such 2-core machine against fp32's 110, so bf16 autocast would make training many
-times slower than fp32. ``auto``
-resolves once, when the config is validated, so the run's config, its W&B record and its summary name the
-precision it trained in.
+bf16 autocast pays on a CPU only where its matrix units take bf16 operands; elsewhere bf16 products are
+emulated, many times slower than fp32 (components/ops/bf16_support.py). ``auto`` resolves once, when the
+config is validated, so the run's config, its W&B record and its summary name the precision it trained in.
 """
 
 from __future__ import annotations
 
 import torch
 
+from components.ops.bf16_support import cpu_has_native_bf16
+
 AUTO = "auto"
 BF16 = "bf16-mixed"
 FP32 = "32-true"
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 operands in hardware (AMX tiles or AVX-512 BF16)."""
-    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 
 
 def runs_on_gpu(accelerator: str) -> bool:

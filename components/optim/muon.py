@@ -33,26 +33,41 @@ import torch
 from torch import Tensor, nn
 
 from components.nn.matrix_layout import MatrixLayout
+from components.ops.bf16_support import native_bf16
 from components.optim.base import OptimizerConfig
 from components.optim.param_groups import PER_HEAD_SCOPES, adamw_param_groups, muon_partition
 from components.registry import OPTIMIZERS, ConfigError
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
+NS_DTYPES = ("auto", "bf16", "fp32")
+
+
+def ns_dtype_for(choice: str, device: torch.device) -> torch.dtype:
+    """The dtype Newton-Schulz iterates in: ``bf16`` (the reference implementations' choice), ``fp32``, or
+    ``auto``: bf16 where ``device`` multiplies bf16 in hardware, fp32 where bf16 products would be emulated
+    (a CPU without AMX or AVX-512 BF16, where they run many times slower than fp32)."""
+    if choice == "auto":
+        return torch.bfloat16 if native_bf16(device) else torch.float32
+    return torch.bfloat16 if choice == "bf16" else torch.float32
 
 
 def newton_schulz(
-    update: Tensor, steps: int = 5, coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS
+    update: Tensor,
+    steps: int = 5,
+    coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
+    eps: float = NS_EPS,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> Tensor:
     """Quintic Newton-Schulz iteration towards the orthogonal factor of each trailing matrix.
 
-    ``update`` is ``[..., A, B]``; leading dims are independent matrices. Runs in bf16 (as the reference
-    implementations do): the iteration is self-correcting and its output singular values land in roughly
-    [0.7, 1.2] rather than exactly 1, which does not matter for optimisation.
+    ``update`` is ``[..., A, B]``; leading dims are independent matrices. Runs in ``dtype``, bf16 by default
+    (as the reference implementations do): the iteration is self-correcting and its output singular values
+    land in roughly [0.7, 1.2] rather than exactly 1, which does not matter for optimisation.
     """
     a, b, c = coefficients
     lead = update.shape[:-2]
-    x = update.bfloat16().reshape(-1, *update.shape[-2:])  # [N, A, B]
+    x = update.to(dtype).reshape(-1, *update.shape[-2:])  # [N, A, B]
     tall = x.size(-2) > x.size(-1)
     if tall:  # iterate on the wide orientation: the Gram matrix is the small side
         x = x.mT
@@ -67,14 +82,18 @@ def newton_schulz(
     return x.reshape(*lead, *x.shape[-2:])
 
 
-def orthogonalized_update(update: Tensor, layout: MatrixLayout, ns_steps: int = 5) -> tuple[Tensor, float]:
+def orthogonalized_update(
+    update: Tensor, layout: MatrixLayout, ns_steps: int = 5, dtype: torch.dtype = torch.bfloat16
+) -> tuple[Tensor, float]:
     """NS5 of each independent matrix of ``update``, and the RMS-matching scale 0.2 sqrt(max(a, b))."""
     a, b = layout.block_shape(update.shape)
-    blocks = newton_schulz(layout.to_blocks(update), ns_steps)  # [N, a, b]
+    blocks = newton_schulz(layout.to_blocks(update), ns_steps, dtype=dtype)  # [N, a, b]
     return layout.from_blocks(blocks, update.shape).to(update.dtype), 0.2 * math.sqrt(max(a, b))
 
 
-def orthogonalized_update_any(update: Tensor, layout: MatrixLayout, ns_steps: int = 5) -> tuple[Tensor, float]:
+def orthogonalized_update_any(
+    update: Tensor, layout: MatrixLayout, ns_steps: int = 5, dtype: torch.dtype = torch.bfloat16
+) -> tuple[Tensor, float]:
     """``orthogonalized_update`` for a plain tensor or a sharded one (FSDP2 DTensor).
 
     Newton-Schulz needs whole matrices: a sharded update is gathered, orthogonalised on every rank
@@ -82,14 +101,16 @@ def orthogonalized_update_any(update: Tensor, layout: MatrixLayout, ns_steps: in
     """
     full_tensor = getattr(update, "full_tensor", None)
     if full_tensor is None:
-        return orthogonalized_update(update, layout, ns_steps)
+        return orthogonalized_update(update, layout, ns_steps, dtype)
     from torch.distributed.tensor import distribute_tensor
 
-    ortho, scale = orthogonalized_update(full_tensor(), layout, ns_steps)
+    ortho, scale = orthogonalized_update(full_tensor(), layout, ns_steps, dtype)
     return distribute_tensor(ortho, update.device_mesh, update.placements, src_data_rank=None), scale
 
 
-def orthogonalized_updates(items: list[tuple[Tensor, MatrixLayout]], ns_steps: int = 5) -> list[tuple[Tensor, float]]:
+def orthogonalized_updates(
+    items: list[tuple[Tensor, MatrixLayout]], ns_steps: int = 5, ns_dtype: str = "bf16"
+) -> list[tuple[Tensor, float]]:
     """``orthogonalized_update_any`` of many parameters at once, in order.
 
     Blocks of the same shape (the heads of every attention projection, the experts of every MoE layer)
@@ -101,12 +122,13 @@ def orthogonalized_updates(items: list[tuple[Tensor, MatrixLayout]], ns_steps: i
     groups: dict[tuple, list[tuple[int, Tensor]]] = {}
     for i, (update, layout) in enumerate(items):
         if getattr(update, "full_tensor", None) is not None:
-            results[i] = orthogonalized_update_any(update, layout, ns_steps)
+            results[i] = orthogonalized_update_any(update, layout, ns_steps, ns_dtype_for(ns_dtype, update.device))
             continue
         blocks = layout.to_blocks(update)  # [n_i, a, b]
         groups.setdefault((update.device, *blocks.shape[-2:]), []).append((i, blocks))
-    for (_, a, b), members in groups.items():
-        ortho = newton_schulz(torch.cat([blocks for _, blocks in members]), ns_steps)  # [sum n_i, a, b]
+    for (device, a, b), members in groups.items():
+        stacked = torch.cat([blocks for _, blocks in members])  # [sum n_i, a, b]
+        ortho = newton_schulz(stacked, ns_steps, dtype=ns_dtype_for(ns_dtype, device))
         for (i, blocks), part in zip(members, ortho.split([blocks.shape[0] for _, blocks in members])):
             update, layout = items[i]
             results[i] = (layout.from_blocks(part, update.shape).to(update.dtype), 0.2 * math.sqrt(max(a, b)))
@@ -130,6 +152,7 @@ class Muon(torch.optim.Optimizer):
         ns_steps: int = 5,
         betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8,
+        ns_dtype: str = "auto",
     ):
         defaults = dict(
             lr=lr,
@@ -137,6 +160,7 @@ class Muon(torch.optim.Optimizer):
             momentum=momentum,
             nesterov=nesterov,
             ns_steps=ns_steps,
+            ns_dtype=ns_dtype,
             betas=tuple(betas),
             eps=eps,
             use_muon=False,
@@ -178,7 +202,14 @@ class Muon(torch.optim.Optimizer):
             buf.lerp_(g, 1 - mu)
             params.append(p)
             updates.append((g.lerp(buf, mu) if group["nesterov"] else buf, MatrixLayout(*layout)))
-        for p, (ortho, scale) in zip(params, orthogonalized_updates(updates, group["ns_steps"])):
+        for p, (ortho, scale) in zip(
+            params,
+            orthogonalized_updates(
+                updates,
+                group["ns_steps"],
+                group.get("ns_dtype", "auto"),  # checkpoints from before the option
+            ),
+        ):
             p.mul_(1 - lr * wd)  # decoupled decay uses the unscaled lr (Moonlight, torch)
             p.add_(ortho, alpha=-lr * scale)
 
@@ -215,6 +246,9 @@ class MuonConfig(OptimizerConfig):
     nesterov: bool = True
     # Newton-Schulz iterations per update
     ns_steps: int = 5
+    # the dtype they run in: bf16 (the reference implementations'), fp32, or auto: bf16 where the device
+    # multiplies bf16 in hardware (GPUs, CPUs with AMX or AVX-512 BF16), fp32 where bf16 would be emulated
+    ns_dtype: str = "auto"
     # orthogonalise each attention head's block of the head-indexed projections separately (K3's
     # Per-Head Muon, docs/k3.md §8.2); False: every matrix whole
     per_head: bool = False
@@ -228,6 +262,10 @@ class MuonConfig(OptimizerConfig):
             raise ConfigError(f"{key}.momentum", f"must be in [0, 1), got {self.momentum}")
         if not 1 <= self.ns_steps < 100:
             raise ConfigError(f"{key}.ns_steps", f"must be in [1, 99], got {self.ns_steps}")
+        if self.ns_dtype not in NS_DTYPES:
+            raise ConfigError(
+                f"{key}.ns_dtype", f"'{self.ns_dtype}' is not allowed; choose one of {', '.join(NS_DTYPES)}"
+            )
         if self.per_head_scope not in PER_HEAD_SCOPES:
             raise ConfigError(
                 f"{key}.per_head_scope",
@@ -260,6 +298,7 @@ def build_muon(cfg: MuonConfig, model: nn.Module) -> Muon:
         momentum=cfg.momentum,
         nesterov=cfg.nesterov,
         ns_steps=cfg.ns_steps,
+        ns_dtype=cfg.ns_dtype,
         betas=tuple(cfg.betas),
         eps=cfg.eps,
     )

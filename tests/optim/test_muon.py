@@ -32,12 +32,15 @@ def moonlight_reference_step(w: torch.Tensor, g: torch.Tensor, buf: torch.Tensor
     w.mul_(1 - LR * WD).sub_(LR * 0.2 * math.sqrt(max(w.shape)) * o)
 
 
-def run_muon(params: list[torch.Tensor], grads: list[list[torch.Tensor]], layouts=None) -> list[torch.Tensor]:
+def run_muon(
+    params: list[torch.Tensor], grads: list[list[torch.Tensor]], layouts=None, ns_dtype: str = "bf16"
+) -> list[torch.Tensor]:
+    """Muon's steps from ``params`` under ``grads``; Newton-Schulz in bf16 (torch.optim.Muon's) unless told."""
     params = [torch.nn.Parameter(p.clone()) for p in params]
     group = {"params": params, "use_muon": True}
     if layouts is not None:
         group["layouts"] = layouts
-    opt = Muon([group], lr=LR, weight_decay=WD, momentum=MU)
+    opt = Muon([group], lr=LR, weight_decay=WD, momentum=MU, ns_dtype=ns_dtype)
     for step_grads in grads:
         for p, g in zip(params, step_grads):
             p.grad = g.clone()
@@ -86,6 +89,46 @@ def test_plain_matrices_match_torch_muon_and_fp64_moonlight(shape):
     # bf16 Newton-Schulz vs fp64: within bf16 rounding of the update
     assert (ours - w_ref.float()).abs().max() < 0.02 * moved
     assert not torch.equal(ours, w0)
+
+
+def test_fp32_newton_schulz_is_closer_to_fp64_moonlight_than_bf16():
+    torch.manual_seed(1)
+    shape = (48, 32)
+    w0 = torch.randn(*shape) * 0.05
+    grads = [[torch.randn(*shape)] for _ in range(4)]
+    w_ref, buf = w0.double().clone(), torch.zeros(shape, dtype=torch.float64)
+    for (g,) in grads:
+        moonlight_reference_step(w_ref, g.double(), buf)
+    moved = (w_ref.float() - w0).abs().max()
+    err = {d: (run_muon([w0], grads, ns_dtype=d)[0] - w_ref.float()).abs().max() for d in ("bf16", "fp32")}
+    assert err["fp32"] < 1e-4 * moved  # fp32 round-off only
+    assert err["fp32"] < err["bf16"] / 20, err
+
+
+@pytest.mark.parametrize("native,expected", [(True, torch.bfloat16), (False, torch.float32)])
+def test_auto_iterates_in_bf16_only_where_bf16_products_are_native(monkeypatch, native, expected):
+    import components.optim.muon as muon
+
+    monkeypatch.setattr(muon, "native_bf16", lambda device: native)
+    assert muon.ns_dtype_for("auto", torch.device("cpu")) == expected
+    assert muon.ns_dtype_for("bf16", torch.device("cpu")) == torch.bfloat16
+    assert muon.ns_dtype_for("fp32", torch.device("cpu")) == torch.float32
+    seen = []
+    real = muon.newton_schulz
+    monkeypatch.setattr(
+        muon, "newton_schulz", lambda x, steps, dtype: seen.append(dtype) or real(x, steps, dtype=dtype)
+    )
+    torch.manual_seed(0)
+    run_muon([torch.randn(16, 8)], [[torch.randn(16, 8)]], ns_dtype="auto")
+    assert seen == [expected]  # the optimizer's step iterates in the resolved dtype
+
+
+def test_ns_dtype_is_checked_when_the_config_is_validated():
+    from components.registry import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        compose_root("model=tiny", "optimizer=muon", "optimizer.ns_dtype=fp16")
+    assert "optimizer.ns_dtype" in str(err.value) and "auto, bf16, fp32" in str(err.value)
 
 
 @pytest.mark.parametrize("axis", [0, 1])
