@@ -330,7 +330,8 @@ def format_summary(s: dict[str, Any]) -> str:
         "",
         f"== {s['name']} ==",
         f"steps {s['steps']}{steps_note(s)}, {s['train_tokens'] / 1e6:.2f}M tokens in {s['train_seconds'] / 60:.1f} "
-        f"min of training ({s['tokens_per_s']:,.0f} tokens/s)",
+        f"min of training ({s['tokens_per_s']:,.0f} tokens/s"
+        + (f", precision {s['precision']})" if s.get("precision") else ")"),
         f"validation loss {val.get('loss', float('nan')):.4f}"
         + (f", {metric} {val[metric]:.4f}" if metric in val and metric != "loss" else ""),
     ]

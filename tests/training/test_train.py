@@ -55,6 +55,11 @@ def test_short_run_writes_metrics_checkpoints_and_summary(tmp_path):
     assert len(act) == sum("val/loss" in r for r in records) >= 2 and all(v > 0 for v in act), act
     assert (run_dir / "checkpoints" / "last.ckpt").exists() and (run_dir / "checkpoints" / "step=6.ckpt").exists()
     assert "xz-9e" in result.stdout and "bpb" in result.stdout
+    # the precision trainer.precision=auto resolved to on this machine, in the summary and the log
+    from runtime.precision import resolve_precision
+
+    assert summary["precision"] == resolve_precision("auto", "cpu")
+    assert f"precision {summary['precision']})" in result.stdout and "precision: " in result.stdout
 
 
 def test_keep_last_checkpoints_keeps_the_newest_periodic_ones(tmp_path):
