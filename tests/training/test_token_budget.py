@@ -65,9 +65,10 @@ def test_the_time_guard_grows_with_the_budget():
 
 
 def test_the_default_runs_guard_outlasts_an_eightfold_slowdown():
-    root = compose_root()  # the README's run: its budget at an eighth of this machine's ~13,000 tokens/s fits
+    # the README's run: its budget fits at an eighth of its slowest measured rate (fp32 on a 2-core AVX2 CPU)
+    root = compose_root()
     tokens = training_steps(root) * root.data.batch_size * root.data.seq_len
-    assert time_guard_minutes(root) * 60 > tokens / (13000 / 8)
+    assert time_guard_minutes(root) * 60 > tokens / (7000 / 8)
 
 
 def test_a_run_the_guard_ends_says_so_and_resumes_to_its_budget(tmp_path):
