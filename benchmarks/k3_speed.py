@@ -70,9 +70,9 @@ import torch
 
 from benchmarks.timing import medians, time_interleaved
 from benchmarks.train_step import train_setup
+from components.ops.bf16_support import cpu_has_native_bf16
 from runtime.cpu_allocator import keep_freed_memory
 from runtime.launch import conf_dir, validate_overrides
-from runtime.precision import cpu_has_native_bf16
 
 # MLA's attention through SDPA, as every path ran it before attention_kernel existed
 SDPA = ["mixers.mla.attention_kernel=sdpa"]

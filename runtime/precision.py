@@ -7,18 +7,12 @@ config is validated, so the run's config, its W&B record and its summary name th
 
 from __future__ import annotations
 
-import torch
-
 from components.ops.bf16_support import cpu_has_native_bf16
+from runtime.memory_check import is_gpu_run
 
 AUTO = "auto"
 BF16 = "bf16-mixed"
 FP32 = "32-true"
-
-
-def runs_on_gpu(accelerator: str) -> bool:
-    """Whether ``trainer.accelerator`` puts the run on a GPU (``auto``: when one is visible)."""
-    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
 
 
 def resolve_precision(precision: str, accelerator: str) -> str:
@@ -27,16 +21,16 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     on any other CPU; any other value is returned as given."""
     if precision != AUTO:
         return precision
-    return BF16 if runs_on_gpu(accelerator) or cpu_has_native_bf16() else FP32
+    return BF16 if is_gpu_run(accelerator) or cpu_has_native_bf16() else FP32
 
 
 def describe_precision(precision: str, accelerator: str) -> str:
     """One line for the run's log: the (resolved) precision, and a warning where bf16 would be emulated."""
-    if "bf16" in precision and not runs_on_gpu(accelerator) and not cpu_has_native_bf16():
+    if is_gpu_run(accelerator) or cpu_has_native_bf16():
+        return precision
+    if "bf16" in precision:
         return (
             f"{precision} -- warning: this CPU has no native bf16 matrix products (no AMX or AVX-512 BF16), "
             "bf16 products run far slower than fp32 here; trainer.precision=auto or 32-true trains in fp32"
         )
-    if precision == FP32 and not runs_on_gpu(accelerator) and not cpu_has_native_bf16():
-        return f"{precision} (this CPU has no native bf16 matrix products)"
-    return precision
+    return f"{precision} (this CPU has no native bf16 matrix products)" if precision == FP32 else precision
