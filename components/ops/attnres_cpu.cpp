@@ -11,7 +11,11 @@
 // and sums qw's gradient per tile of tokens, then over the tiles in order (the same bits whatever the thread
 // count).
 
-#include <ATen/ATen.h>
+// the few ATen headers used (ATen/ATen.h, every operator, triples the build time)
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -9,7 +9,11 @@
 // beta [B, T, H] in the compute dtype (fp32, or fp64 for exact checks); states [B, H, N + 1, K, V].
 // keep [B, N] (optional): 0 where a document starts at chunk n (the state entering it is dropped).
 
-#include <ATen/ATen.h>
+// the few ATen headers used (ATen/ATen.h, every operator, triples the build time)
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

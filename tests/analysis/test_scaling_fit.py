@@ -249,12 +249,13 @@ def test_a_fit_that_misses_its_rollout_calls_no_sign():
 
 
 def test_the_rollout_check_passes_fits_of_the_right_form():
-    """Over ladders drawn from the law itself, the check flags few fits (nominally about 2%)."""
+    """Over ladders drawn from the law itself, the check flags few fits (nominally about 2%): at most one
+    of six draws (two or more happens 0.6% of the time at a 2% rate)."""
     flagged = 0
-    for draw in range(12):
+    for draw in range(6):
         c = sf.compare(ladder_of(synthetic_runs(k=TRUE_K, rng_seed=100 + draw)), n_boot=60, seed=draw)
         flagged += bool(c.rollout["shared"]["misses"])
-    assert flagged <= 2
+    assert flagged <= 1
 
 
 def test_an_aa_null_that_excludes_1_withholds_every_fitted_verdict():
