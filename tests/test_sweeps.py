@@ -28,9 +28,10 @@ SMOKE_POINTS = {
 }
 
 
-# the default suite runs the core studies' smoke variants; every study's jobs still compose and validate
-# below, and -m slow runs every smoke variant
+# the default suite runs one study's smoke variant end to end (the mixers: two mixers, a sweep and its
+# comparison); every study's jobs still compose and validate below, and -m slow runs every smoke variant
 SLOW_SMOKE = {
+    "balancer",
     "default_run",
     "k3_decisions",
     "ffn_activation",

@@ -17,8 +17,14 @@ DATA = {
 }
 
 
+# the default suite trains K3's block form; -m slow adds full AttnRes (whose sublayer reads the unit tests
+# compare against the naive loop)
 @pytest.mark.parametrize(
-    "residual", [["residual=block_attnres", "residual.block_size=2"], ["residual=full_attnres"]], ids=["block2", "full"]
+    "residual",
+    [
+        pytest.param(["residual=block_attnres", "residual.block_size=2"], id="block2"),
+        pytest.param(["residual=full_attnres"], id="full", marks=pytest.mark.slow),
+    ],
 )
 # the default suite trains on MQAR (whose accuracy the depth weights serve); -m slow adds the byte corpus
 @pytest.mark.parametrize(

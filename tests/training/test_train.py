@@ -243,7 +243,8 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, model, accumul
 
 
 @pytest.mark.parametrize("mixer", ["kda", "mla"])
-@pytest.mark.parametrize("data", ["corpus", "mqar"])
+# the default suite trains them on MQAR; -m slow adds the byte corpus
+@pytest.mark.parametrize("data", [pytest.param("corpus", marks=pytest.mark.slow), "mqar"])
 def test_linear_and_latent_attention_train(tmp_path, mixer, data):
     extra = (
         ["data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048"]
