@@ -54,7 +54,8 @@ printed beside the reference's own differences from fp32, the size of bf16 noise
 
 On a CPU without native bf16 products (no AMX or AVX-512 BF16: bf16 products are emulated there, many times
 slower than fp32) the bf16 rows run in fp32, as ``trainer.precision=auto`` trains there, and the peak is
-fp32's (``--precision bf16`` forces bf16 anyway, ``--precision fp32`` fp32 anywhere).
+fp32's (``--precision bf16`` forces bf16 anyway, ``--precision fp32`` fp32 anywhere); the table's
+"runs in" column names the precision each row computed in.
 """
 
 from __future__ import annotations
@@ -294,9 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     peak_dtype = torch.bfloat16 if low == "bf16" else torch.float32
     peak_before = matmul_peak(dtype=peak_dtype)
     ids = corpus_batches(validate_overrides(list(overrides)), 1, args.batch, args.seq)[0]
-    steps, tokens, flops = {}, {}, {}
+    # runs_in: the precision each row computed in (a bf16 row runs in fp32 where bf16 is emulated)
+    steps, tokens, flops, runs_in = {}, {}, {}, {}
     for name in names:
         compile, precision, extra = PATHS[name]
+        runs_in[name] = precision_of(precision)
         model, step = train_setup(
             validate_overrides([*overrides, *extra]),
             torch.device("cpu"),
@@ -318,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             mode = compile_mode(root.trainer, build_on_meta(root.decoder_config()))
             model, step = train_setup(root, torch.device("cpu"), mode, precision=low)
             steps[name] = lambda s=step, ids=plain_ids: s(ids)
+            runs_in[name] = low
             tokens[name] = root.data.batch_size * root.data.seq_len
             flops[name] = model.flops_per_token(root.data.seq_len)
     for name in swapped:
@@ -333,15 +337,15 @@ def main(argv: list[str] | None = None) -> int:
     ref = sec.get(REFERENCE)
     print(f"{str(peak_dtype).removeprefix('torch.')} matrix-product peak of this machine: {peak / 1e9:,.0f} GFLOP/s")
     print(
-        f"{'path':14s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/tok':>10s} {'GFLOP/s':>8s} {'MFU':>6s} "
+        f"{'path':14s} {'runs in':>7s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/tok':>10s} {'GFLOP/s':>8s} {'MFU':>6s} "
         f"{'vs ' + REFERENCE:>14s}"
     )
     for name in (n for n in steps if not n.startswith(ABLATION_PREFIX)):
         rate = tokens[name] / sec[name]
         ratio = f"{ref / sec[name]:.2f}x" if ref and name in PATHS else "-"
         print(
-            f"{name:14s} {sec[name]:8.3f} {rate:9,.0f} {flops[name] / 1e9:10.4f} {rate * flops[name] / 1e9:8.1f} "
-            f"{rate * flops[name] / peak:6.1%} {ratio:>14s}"
+            f"{name:14s} {runs_in[name]:>7s} {sec[name]:8.3f} {rate:9,.0f} {flops[name] / 1e9:10.4f} "
+            f"{rate * flops[name] / 1e9:8.1f} {rate * flops[name] / peak:6.1%} {ratio:>14s}"
         )
     if "fast" in steps and BASELINE in steps:
         print(f"k3_small fast path: {sec[BASELINE] / sec['fast']:.2f}x the speed of the {BASELINE}")

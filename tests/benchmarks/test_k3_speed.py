@@ -96,3 +96,16 @@ def test_the_bf16_rows_run_in_fp32_where_bf16_products_are_emulated(monkeypatch,
     assert k3_speed.low_precision("auto") == expected
     assert k3_speed.low_precision("bf16") == "bf16"  # forced
     assert k3_speed.low_precision("fp32") == "fp32"
+
+
+def test_the_table_names_the_precision_each_row_ran_in(monkeypatch, capsys):
+    """Where bf16 is emulated the "eager bf16" row runs in fp32, and its line says so."""
+    monkeypatch.setattr(k3_speed, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(k3_speed, "matmul_peak", lambda seconds=1.0, dtype=None: 1e11)
+    argv = ["--batch", "2", "--seq", "16", "--rounds", "1", "--warmup", "0", "--curve-steps", "0", "--no-default"]
+    assert k3_speed.main([*argv, "--paths", "eager fp32,eager bf16", "model.n_layers=4"]) in (0, None)
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("path"))
+    assert header.split()[1:3] == ["runs", "in"]
+    rows = {line[:14].strip(): line[14:].split()[0] for line in lines if line[:14].strip() in k3_speed.PATHS}
+    assert rows == {"eager fp32": "fp32", "eager bf16": "fp32"}
