@@ -49,9 +49,7 @@ class K3HarnessModel(TemplateLM):
         **_: Any,
     ) -> None:
         super().__init__()
-        max_length = _positive_int_arg("max_length", max_length)
-        if not str(batch_size).startswith("auto"):
-            batch_size = _positive_int_arg("batch_size", batch_size)
+        max_length, batch_size = checked_sizes(max_length, batch_size)
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             print(
                 f"analysis.harness: device {device} is not available here; using the CPU", file=sys.stderr
@@ -172,6 +170,15 @@ def _positive_int_arg(name: str, value: Any) -> Optional[int]:
     return number
 
 
+def checked_sizes(max_length: Any, batch_size: Any) -> tuple[Optional[int], Any]:
+    """``--model_args`` max_length and batch_size as numbers (batch_size may be the harness's "auto...");
+    HarnessArgumentError naming the first that is not a whole number >= 1."""
+    max_length = _positive_int_arg("max_length", max_length)
+    if not str(batch_size).startswith("auto"):
+        batch_size = _positive_int_arg("batch_size", batch_size)
+    return max_length, batch_size
+
+
 def task_manager(tasks: list[str], include_path: Optional[str] = None):
     """The harness's TaskManager holding every task of ``tasks``; HarnessArgumentError naming those it
     does not know (before any model is loaded)."""
@@ -202,8 +209,8 @@ def _register_transformers_classes() -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """The harness's own command line, with ``k3`` registered; tasks and model arguments are checked
-    before the run loads."""
+    """The harness's own command line, with ``k3`` registered; the k3 model's sizes and the tasks are
+    checked first (in that order), before the harness starts and the run loads."""
     import argparse
 
     from lm_eval.__main__ import cli_evaluate
@@ -215,8 +222,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     known = argparse.ArgumentParser(add_help=False)
     known.add_argument("--tasks", "-t")
     known.add_argument("--include_path")
+    known.add_argument("--model")
+    known.add_argument("--model_args")
     asked, _ = known.parse_known_args(argv)
     try:
+        if asked.model == MODEL_NAME and asked.model_args:
+            # before the harness indexes its built-in tasks (about ten seconds), not when it builds the model
+            from lm_eval.utils import simple_parse_args_string
+
+            given = simple_parse_args_string(asked.model_args)
+            checked_sizes(given.get("max_length"), given.get("batch_size", 8))
         if asked.tasks and asked.tasks not in ("list", "list_groups", "list_tags", "list_subtasks"):
             task_manager([t for t in asked.tasks.split(",") if t], asked.include_path)
         sys.argv = ["lm_eval", *argv]

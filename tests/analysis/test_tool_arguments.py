@@ -77,7 +77,7 @@ def _harness(tmp_path, *argv) -> tuple[int, str]:
     "model_args, message",
     [
         ("max_length=abc", "--model_args max_length=abc: not a whole number"),
-        # each case starts the harness (about 10 s): the other two run with -m slow
+        # each case starts the harness (about 6 s): the other two run with -m slow
         pytest.param("max_length=0", "--model_args max_length=0: must be >= 1", marks=pytest.mark.slow),
         pytest.param("batch_size=x", "--model_args batch_size=x: not a whole number", marks=pytest.mark.slow),
     ],
@@ -86,6 +86,14 @@ def test_harness_refuses_a_bad_model_argument_naming_it(tmp_path, model_args, me
     argv = ["--model", "k3", "--model_args", f"run={tmp_path},{model_args}", "--tasks", "python_idioms"]
     rc, err = _harness(tmp_path, *argv, "--include_path", str(HARNESS_TASKS))
     assert rc == 2 and f"analysis.harness: error: {message}" in err and "Traceback" not in err, err
+
+
+def test_harness_checks_the_model_sizes_before_the_tasks(tmp_path):
+    """A bad size is refused before the harness looks for the tasks (whose unknown one would take it through
+    its ten-second index of built-in tasks) and before it starts."""
+    argv = ["--model", "k3", "--model_args", f"run={tmp_path},batch_size=x", "--tasks", "python_idioms,no_such"]
+    rc, err = _harness(tmp_path, *argv, "--include_path", str(HARNESS_TASKS))
+    assert rc == 2 and "error: --model_args batch_size=x: not a whole number" in err and "unknown task" not in err
 
 
 @pytest.mark.slow  # naming a task unknown means indexing all the harness's built-in tasks (about ten seconds)
