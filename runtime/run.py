@@ -326,12 +326,12 @@ def early_stop_warning(s: dict[str, Any]) -> Optional[str]:
 def format_summary(s: dict[str, Any]) -> str:
     val = s["val"]
     metric = s["metric"]["primary"]
+    precision_note = f", precision {s['precision']}" if s.get("precision") else ""  # summaries from before it
     lines = [
         "",
         f"== {s['name']} ==",
         f"steps {s['steps']}{steps_note(s)}, {s['train_tokens'] / 1e6:.2f}M tokens in {s['train_seconds'] / 60:.1f} "
-        f"min of training ({s['tokens_per_s']:,.0f} tokens/s"
-        + (f", precision {s['precision']})" if s.get("precision") else ")"),
+        f"min of training ({s['tokens_per_s']:,.0f} tokens/s{precision_note})",
         f"validation loss {val.get('loss', float('nan')):.4f}"
         + (f", {metric} {val[metric]:.4f}" if metric in val and metric != "loss" else ""),
     ]

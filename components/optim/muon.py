@@ -175,6 +175,13 @@ class Muon(torch.optim.Optimizer):
                 for i, (p, layout) in enumerate(zip(group["params"], group["layouts"])):
                     MatrixLayout(*layout).check(f"param {i}", p.shape)
 
+    def __setstate__(self, state: dict) -> None:
+        # load_state_dict lands here with the saved groups: those of checkpoints from before ns_dtype get
+        # its default (torch's own optimizers fill options added later the same way)
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("ns_dtype", "auto")
+
     @torch.no_grad()
     def step(self, closure=None) -> Optional[Tensor]:
         loss = None
@@ -202,14 +209,7 @@ class Muon(torch.optim.Optimizer):
             buf.lerp_(g, 1 - mu)
             params.append(p)
             updates.append((g.lerp(buf, mu) if group["nesterov"] else buf, MatrixLayout(*layout)))
-        for p, (ortho, scale) in zip(
-            params,
-            orthogonalized_updates(
-                updates,
-                group["ns_steps"],
-                group.get("ns_dtype", "auto"),  # checkpoints from before the option
-            ),
-        ):
+        for p, (ortho, scale) in zip(params, orthogonalized_updates(updates, group["ns_steps"], group["ns_dtype"])):
             p.mul_(1 - lr * wd)  # decoupled decay uses the unscaled lr (Moonlight, torch)
             p.add_(ortho, alpha=-lr * scale)
 

@@ -279,3 +279,19 @@ def test_batched_orthogonalisation_equals_one_parameter_at_a_time():
         ref, ref_scale = orthogonalized_update(update, layout, 5)
         assert scale == ref_scale and ortho.shape == update.shape
         torch.testing.assert_close(ortho, ref, atol=1e-3, rtol=0)  # batching only regroups the same products
+
+
+def test_a_state_from_before_ns_dtype_loads_with_its_default():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(16, 8))
+    opt = Muon([{"params": [w], "use_muon": True}], lr=LR, ns_dtype="fp32")
+    w.grad = torch.randn(16, 8)
+    opt.step()
+    old = opt.state_dict()
+    for group in old["param_groups"]:
+        del group["ns_dtype"]  # as saved before the option existed
+    fresh = Muon([{"params": [w], "use_muon": True}], lr=LR, ns_dtype="fp32")
+    fresh.load_state_dict(old)
+    assert [g["ns_dtype"] for g in fresh.param_groups] == ["auto"]
+    w.grad = torch.randn(16, 8)
+    fresh.step()  # steps with it
