@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import re
@@ -15,6 +16,7 @@ from components.model import Decoder
 from runtime.config import RootConfig
 from runtime.launch import compose, strip_hydra
 from runtime.validation import validate
+from tests.fork_server import ForkedRun, ForkServer
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
@@ -46,19 +48,60 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
+_FORK_SERVER = ForkServer()
+atexit.register(_FORK_SERVER.stop)
+
+
+class _PlainRun:
+    """A train.py run in a fresh interpreter, with ``ForkedRun``'s ``wait``."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict) -> None:
+        self.proc = subprocess.Popen(
+            args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+        )
+        self.pid = self.proc.pid
+
+    def wait(self, timeout: float | None = None) -> subprocess.CompletedProcess:
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            raise subprocess.TimeoutExpired(self.proc.args, timeout or 0, out, err) from None
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+
+def start_python(*command: str, env: dict | None = None, cwd: Path = REPO) -> ForkedRun | _PlainRun:
+    """``python command...`` (a script and its arguments, or ``-m module ...``) started in a process of its own
+    in ``cwd``, with this checkout (or ``cwd``) on PYTHONPATH; ``.wait(timeout)`` gives what ``subprocess.run``
+    would. Where it runs this checkout's code the process is forked from a server that has already imported
+    what a training run imports (tests/fork_server.py), which saves most of a short run's time; a fresh
+    interpreter otherwise, or everywhere with ``K3_TEST_FORK=0``."""
+    full_env = {**os.environ, "PYTHONPATH": str(cwd), **(env or {})}
+    if Path(cwd).resolve() == REPO and os.environ.get("K3_TEST_FORK", "1") != "0":
+        forked = _FORK_SERVER.start(list(command), REPO, full_env)
+        if forked is not None:
+            return forked
+    return _PlainRun([sys.executable, *command], cwd, full_env)
+
+
+def run_python(
+    *command: str, timeout: float = 600, env: dict | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
+    """``python command...`` run to its end (``start_python``)."""
+    return start_python(*command, env=env, cwd=cwd).wait(timeout)
+
+
+def start_train(*overrides: str, env: dict | None = None, cwd: Path = REPO) -> ForkedRun | _PlainRun:
+    """``python train.py overrides...`` started from the repository root (or ``cwd``): ``start_python``."""
+    return start_python(str(Path(cwd) / "train.py"), *overrides, env=env, cwd=cwd)
+
+
 def run_train(
     *overrides: str, timeout: float = 600, env: dict | None = None, cwd: Path = REPO
 ) -> subprocess.CompletedProcess:
-    """``python train.py overrides...`` in a subprocess from the repository root (or ``cwd``)."""
-    full_env = {**os.environ, "PYTHONPATH": str(cwd), **(env or {})}
-    return subprocess.run(
-        [sys.executable, str(cwd / "train.py"), *overrides],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-    )
+    """``python train.py overrides...`` run to its end (``start_python``)."""
+    return start_train(*overrides, env=env, cwd=cwd).wait(timeout)
 
 
 def kill_after_microbatch(n: int) -> str:

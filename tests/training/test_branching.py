@@ -4,17 +4,14 @@ run trained at its length from the start, and resumes exactly after a kill."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from components.registry import ConfigError
 from runtime.jsonl_logger import read_metrics
-from tests.helpers import REPO, compose_root, kill_after_microbatch, run_train
+from tests.helpers import compose_root, kill_after_microbatch, run_train, start_train
 
 # WSD with half of each run decaying: a 24-step run is stable through step 12, a 12-step run decays
 # from step 6, so the 24-step run's checkpoint at step 6 is where a 12-step cooldown branches
@@ -50,18 +47,10 @@ def _losses(run_dir: Path) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def stable_and_straight(tmp_path_factory):
     root = tmp_path_factory.mktemp("branch")
-    env = {**os.environ, "PYTHONPATH": str(REPO), **ENV}
-    stable = subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), *COMMON, "trainer.max_steps=24", f"output_root={root / 'stable'}"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    stable = start_train(*COMMON, "trainer.max_steps=24", f"output_root={root / 'stable'}", env=ENV)
     straight = run_train(*COMMON, "trainer.max_steps=12", f"output_root={root / 'straight'}", env=ENV)
-    _, err = stable.communicate(timeout=600)
-    assert stable.returncode == 0 and straight.returncode == 0, err[-2000:] + straight.stderr[-2000:]
+    stable_done = stable.wait(timeout=600)
+    assert stable_done.returncode == straight.returncode == 0, stable_done.stderr[-2000:] + straight.stderr[-2000:]
     return root, _only(root / "stable"), _only(root / "straight")
 
 
@@ -88,14 +77,7 @@ def test_a_cooldown_branched_from_the_stable_phase_equals_the_run_of_that_length
 def test_a_killed_branch_resumes_exactly(stable_and_straight, tmp_path):
     root, stable, straight = stable_and_straight
     args = [*COMMON, "trainer.max_steps=12", f"init_from={stable}", "init_step=6", f"output_root={tmp_path}"]
-    killed = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args, kill_after_microbatch(10)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), **ENV},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    killed = run_train(*args, kill_after_microbatch(10), env=ENV)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     resumed = run_train(*args, "ckpt_path=last", env=ENV)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -25,15 +25,12 @@ shows it does.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from runtime.jsonl_logger import read_metrics
-from tests.helpers import REPO
+from tests.helpers import start_python
 from tests.training.planted_defect_train import DEFECTS
 from tests.training.test_distributed import BASE, TWO_RANKS
 
@@ -49,17 +46,10 @@ SETUPS = {
 COMPARED = ("train/loss", "train/grad_norm", "balance/maxvio/mean", "balance/maxvio/max")
 
 
-def _start(module: str, overrides: list[str], out: Path, defect: str = "") -> subprocess.Popen:
+def _start(module: str, overrides: list[str], out: Path, defect: str = ""):
     entry = ["-m", module] if module != "train.py" else ["train.py"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PLANTED_DEFECT": defect}
-    return subprocess.Popen(
-        [sys.executable, *entry, *BASE, *overrides, f"output_root={out}"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    env = {"OMP_NUM_THREADS": "1", "PLANTED_DEFECT": defect}
+    return start_python(*entry, *BASE, *overrides, f"output_root={out}", env=env)
 
 
 def _series(out: Path) -> dict[str, dict[int, float]]:
@@ -71,8 +61,8 @@ def _series(out: Path) -> dict[str, dict[int, float]]:
 def _run_all(tmp_path: Path, runs: dict[str, tuple[str, list[str], str]]) -> dict[str, dict[str, dict[int, float]]]:
     procs = {name: _start(module, args, tmp_path / name, defect) for name, (module, args, defect) in runs.items()}
     for name, proc in procs.items():
-        _, err = proc.communicate(timeout=900)
-        assert proc.returncode == 0, f"{name}: {err[-3000:]}"
+        done = proc.wait(timeout=900)
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
     return {name: _series(tmp_path / name) for name in runs}
 
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from runtime.jsonl_logger import read_metrics
-from tests.helpers import REPO
+from tests.helpers import start_train
 
 BASE = [
     "model=tiny",
@@ -46,21 +43,13 @@ def _series(records: list[dict], key: str) -> dict[int, float]:
 
 def _train_side_by_side(tmp_path: Path, runs: dict[str, list[str]]) -> dict[str, list[dict]]:
     """Start every run at once (they spend most of their time starting up), wait, read their metrics."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     procs = {
-        name: subprocess.Popen(
-            [sys.executable, str(REPO / "train.py"), *BASE, *overrides, f"output_root={tmp_path / name}"],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        name: start_train(*BASE, *overrides, f"output_root={tmp_path / name}", env={"OMP_NUM_THREADS": "1"})
         for name, overrides in runs.items()
     }
     for name, proc in procs.items():
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, f"{name}: {err[-3000:]}"
+        done = proc.wait(timeout=600)
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
     return {name: _records(tmp_path / name) for name in runs}
 
 

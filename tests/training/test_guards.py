@@ -106,12 +106,7 @@ def test_wandb_logging_failure_mid_run_switches_wandb_off(monkeypatch, capsys):
 def test_resume_continues_the_same_wandb_run(tmp_path):
     """A killed run resumed with ckpt_path=last logs into the same W&B run id (offline: a second
     directory of the same run, which `wandb sync` uploads as one run)."""
-    import os
     import signal
-    import subprocess
-    import sys
-
-    from tests.helpers import REPO
 
     common = [
         *FAST,
@@ -121,15 +116,7 @@ def test_resume_continues_the_same_wandb_run(tmp_path):
         "logger=wandb",
         f"output_root={tmp_path}",
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
-    killed = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *common, kill_after_microbatch(2)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    killed = run_train(*common, kill_after_microbatch(2), env={"WANDB_MODE": "offline"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     first_id = json.loads((run_dir / "run.json").read_text())["wandb_id"]

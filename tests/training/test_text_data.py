@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -23,7 +22,7 @@ from components.data.text.stream import PreparedStream
 from components.registry import DATASETS, ConfigError
 from runtime.jsonl_logger import read_metrics
 from tests.data.text_fixtures import write_text_folder
-from tests.helpers import REPO, compose_root, kill_after_microbatch, run_train
+from tests.helpers import compose_root, kill_after_microbatch, run_train, start_train
 
 FAST = [
     "model=tiny",
@@ -164,33 +163,12 @@ def test_mixture_resumes_exactly_and_logs_per_source_metrics(folders, tmp_path):
         "trainer.checkpoint_every_n_steps=4",
         "trainer.val_check_interval=5",
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    straight = subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), *common, "logger=wandb", f"output_root={tmp_path / 'a'}"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    killed = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "train.py"),
-            *common,
-            "logger=csv",
-            f"output_root={tmp_path / 'b'}",
-            kill_after_microbatch(6),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    env = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    straight = start_train(*common, "logger=wandb", f"output_root={tmp_path / 'a'}", env=env)
+    killed = run_train(*common, "logger=csv", f"output_root={tmp_path / 'b'}", kill_after_microbatch(6), env=env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    _, err = straight.communicate(timeout=600)
-    assert straight.returncode == 0, err[-3000:]
+    finished = straight.wait(timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
     resumed = run_train(
         *common, "logger=csv", f"output_root={tmp_path / 'b'}", "ckpt_path=last", env={"OMP_NUM_THREADS": "1"}
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime.jsonl_logger import read_metrics
-from tests.helpers import REPO, kill_after_microbatch, run_train
+from tests.helpers import kill_after_microbatch, run_train, start_train
 
 FAST = [
     "model=tiny",
@@ -185,32 +184,12 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, model, accumul
         "logger=csv",
     ]
     kill_after = 9 * accumulate  # first micro-batch of step 10: mid-step when accumulating; last checkpoint: step 8
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    straight = subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), *common, f"output_root={tmp_path / 'a'}"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    killed = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "train.py"),
-            *common,
-            f"output_root={tmp_path / 'b'}",
-            kill_after_microbatch(kill_after),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    env = {"OMP_NUM_THREADS": "1"}
+    straight = start_train(*common, f"output_root={tmp_path / 'a'}", env=env)
+    killed = run_train(*common, f"output_root={tmp_path / 'b'}", kill_after_microbatch(kill_after), env=env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    _, err = straight.communicate(timeout=600)
-    assert straight.returncode == 0, err[-3000:]
+    finished = straight.wait(timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
     reference_dir = only_run_dir(tmp_path / "a")
     reference = _losses(reference_dir)
 

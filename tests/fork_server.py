@@ -1,0 +1,274 @@
+"""Runs of ``train.py`` (and the project's other commands) forked from a process that has already imported
+what a run imports.
+
+A training run in a fresh interpreter spends most of a tiny test run's time importing (torch, Lightning and the
+torchmetrics it pulls in, Hydra, W&B, the project): about ten seconds of CPU on a small machine, paid again by
+every one of the suite's train.py runs. The server imports all of that once, in a process of its own that has
+started no threads, and forks a child for each run. The child is a separate process as a subprocess would be
+(its own pid, process group, environment, working folder, argv, stdout and stderr; a SIGKILL kills it alone and
+shows as return code -9), so the tests keep exercising the command line end to end; only the import is shared.
+
+Protocol, JSON lines over the server's stdin/stdout: a request ``{"command", "cwd", "env", "stdout", "stderr"}``
+(the last two are files the child's output goes to) is answered with ``{"pid"}`` right after the fork; each
+child's end with ``{"pid", "status"}`` (a return code, negative for a signal, as subprocess reports it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parent.parent
+# what a training run imports before it does anything else
+PRELOAD = (
+    "torch",
+    "lightning.pytorch",
+    "hydra",
+    "wandb",
+    "components.model",
+    "runtime.launch",
+    "runtime.run",
+    "runtime.lit_module",
+    "runtime.checkpoint_io",
+    "runtime.validation",
+)
+
+
+def _child(request: dict) -> None:
+    """In the forked child: become the process ``python command...`` would be, run it, exit."""
+    code = 1
+    try:
+        os.setsid()  # its own process group: a timeout kills the run and whatever it started
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        fd_in = os.open(os.devnull, os.O_RDONLY)
+        fd_out = os.open(request["stdout"], os.O_WRONLY | os.O_TRUNC)
+        fd_err = os.open(request["stderr"], os.O_WRONLY | os.O_TRUNC)
+        for fd, target in ((fd_in, 0), (fd_out, 1), (fd_err, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        threads = os.environ.get("OMP_NUM_THREADS")
+        if threads:
+            import torch
+
+            torch.set_num_threads(int(threads))  # the pool was sized when torch loaded, in the server
+        os.chdir(request["cwd"])
+        import runpy
+
+        command = request["command"]  # what follows ``python``: a script and its arguments, or -m module ...
+        try:
+            if command[0] == "-m":
+                sys.argv = [command[1], *command[2:]]  # run_module puts the module's file first, as -m does
+                sys.path[0] = request["cwd"]  # -m: the working folder first
+                runpy.run_module(command[1], run_name="__main__", alter_sys=True)
+            else:
+                script = Path(request["cwd"], command[0])
+                sys.argv = [str(script), *command[1:]]
+                sys.path[0] = str(script.parent)  # a script: its own folder first
+                runpy.run_path(str(script), run_name="__main__")
+            code = 0
+        except SystemExit as exit_:
+            if exit_.code is None:
+                code = 0
+            elif isinstance(exit_.code, int):
+                code = exit_.code
+            else:
+                print(exit_.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        # what the interpreter does at exit: join non-daemon threads, then the atexit handlers
+        threading._shutdown()  # type: ignore[attr-defined]
+        import atexit
+
+        atexit._run_exitfuncs()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+class _Lines:
+    """Whole lines from a file descriptor, with a timeout (select on a buffered reader can miss lines it holds)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buffer = fd, b""
+
+    def next(self, timeout: Optional[float]) -> Optional[str]:
+        """The next line; "" at end of input; None when nothing came within ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.fd], [], [], left)[0]:
+                return None
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                return ""
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode()
+
+
+def serve() -> None:
+    """The server's loop: preload, then one forked child per request, until stdin closes; each child's end is
+    reported as it happens, so several runs can go at once."""
+    sys.path.insert(0, str(REPO))
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # nothing else may write into the channel
+
+    def say(message: dict) -> None:
+        channel.write(json.dumps(message) + "\n")
+        channel.flush()
+
+    if threading.active_count() != 1:  # forking a process with threads can leave locks held in the child
+        say({"ready": False, "why": f"{threading.active_count()} threads after the imports"})
+        return
+    say({"ready": True})
+    requests, running = _Lines(0), 0
+    while True:
+        line = requests.next(0.05 if running else None)
+        if line == "":
+            return
+        if line:
+            pid = os.fork()
+            if pid == 0:
+                channel.close()
+                _child(json.loads(line))
+            running += 1
+            say({"pid": pid})
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            running -= 1
+            say({"pid": pid, "status": os.waitstatus_to_exitcode(status)})
+
+
+class ForkedRun:
+    """One run the server started: ``wait`` gives what ``subprocess.run`` would have."""
+
+    def __init__(self, server: "ForkServer", pid: int, command: list[str], tmp: tempfile.TemporaryDirectory) -> None:
+        self.server, self.pid, self.args, self.tmp = server, pid, [sys.executable, *command], tmp
+
+    def _output(self) -> tuple[str, str]:
+        return tuple(Path(self.tmp.name, name).read_text(errors="replace") for name in ("stdout", "stderr"))
+
+    def wait(self, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
+        try:
+            status = self.server.status_of(self.pid, timeout)
+            if status is None:  # as subprocess.run's timeout: kill the run (its whole group), report it
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.server.status_of(self.pid, 60)
+                raise subprocess.TimeoutExpired(self.args, timeout or 0, *self._output())
+            return subprocess.CompletedProcess(self.args, status, *self._output())
+        finally:
+            self.tmp.cleanup()
+
+
+class ForkServer:
+    """The client: one server per test process, started on first use, stopped at exit."""
+
+    def __init__(self) -> None:
+        self.proc: Optional[subprocess.Popen] = None
+        self.lines: Optional[_Lines] = None
+        self.broken: Optional[str] = None
+        self.ended: dict[int, int] = {}  # pid -> return code, of runs nobody has waited for yet
+
+    def _start(self) -> bool:
+        if self.proc is not None:
+            return True
+        if self.broken is not None:
+            return False
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fork_server"],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert self.proc.stdout is not None
+        self.lines = _Lines(self.proc.stdout.fileno())
+        hello = self._message(300)
+        if not hello or not hello.get("ready"):
+            self.broken = (hello or {}).get("why", "the server did not start")
+            self.stop()
+            return False
+        return True
+
+    def _message(self, timeout: Optional[float]) -> Optional[dict]:
+        assert self.lines is not None
+        line = self.lines.next(timeout)
+        if line == "":
+            raise RuntimeError("the fork server ended")
+        return None if line is None else json.loads(line)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def start(self, command: list[str], cwd: Path, env: dict) -> Optional[ForkedRun]:
+        """``python command...`` (a script and its arguments, or ``-m module ...``) as a forked child; None where
+        the server cannot start (run it plainly)."""
+        if not self._start():
+            return None
+        assert self.proc is not None and self.proc.stdin is not None
+        tmp = tempfile.TemporaryDirectory()
+        out, err = Path(tmp.name, "stdout"), Path(tmp.name, "stderr")
+        out.touch()
+        err.touch()
+        request = {"command": command, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        while True:
+            message = self._message(60)
+            if message is None:
+                self.stop()
+                raise RuntimeError("the fork server did not start the run")
+            if "status" in message:
+                self.ended[message["pid"]] = message["status"]
+            else:
+                return ForkedRun(self, message["pid"], command, tmp)
+
+    def status_of(self, pid: int, timeout: Optional[float]) -> Optional[int]:
+        """Run ``pid``'s return code once it ends; None if it has not within ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid not in self.ended:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            message = self._message(left)
+            if message is None:
+                return None
+            self.ended[message["pid"]] = message["status"]
+        return self.ended.pop(pid)
+
+
+if __name__ == "__main__":
+    serve()
