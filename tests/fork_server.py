@@ -69,9 +69,15 @@ def _child(request: dict) -> None:
         os.chdir(request["cwd"])
         import runpy
 
-        command = request["command"]  # what follows ``python``: a script and its arguments, or -m module ...
+        command = request["command"]  # what follows ``python``: a script, -m module or -c code, and arguments
         try:
-            if command[0] == "-m":
+            if command[0] == "-c":
+                sys.argv = ["-c", *command[2:]]
+                sys.path[0] = ""  # -c: the working folder first
+                main = type(sys)("__main__")
+                sys.modules["__main__"] = main
+                exec(compile(command[1], "<string>", "exec"), main.__dict__)
+            elif command[0] == "-m":
                 sys.argv = [command[1], *command[2:]]  # run_module puts the module's file first, as -m does
                 sys.path[0] = request["cwd"]  # -m: the working folder first
                 runpy.run_module(command[1], run_name="__main__", alter_sys=True)
@@ -236,8 +242,8 @@ class ForkServer:
             self.proc = None
 
     def start(self, command: list[str], cwd: Path, env: dict) -> Optional[ForkedRun]:
-        """``python command...`` (a script and its arguments, or ``-m module ...``) as a forked child; None where
-        the server cannot start (run it plainly)."""
+        """``python command...`` (a script, ``-m module`` or ``-c code``, and its arguments) as a forked child;
+        None where the server cannot start (run it plainly)."""
         if not self._start():
             return None
         assert self.proc is not None and self.proc.stdin is not None

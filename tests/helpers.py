@@ -72,7 +72,7 @@ class _PlainRun:
 
 
 def start_python(*command: str, env: dict | None = None, cwd: Path = REPO) -> ForkedRun | _PlainRun:
-    """``python command...`` (a script and its arguments, or ``-m module ...``) started in a process of its own
+    """``python command...`` (a script, ``-m module`` or ``-c code``, and its arguments) started in a process of its own
     in ``cwd``, with this checkout (or ``cwd``) on PYTHONPATH; ``.wait(timeout)`` gives what ``subprocess.run``
     would. Where it runs this checkout's code the process is forked from a server that has already imported
     what a training run imports (tests/fork_server.py), which saves most of a short run's time; a fresh
@@ -189,15 +189,8 @@ def run_killed_at_write(
     """Run ``tool`` (``prepare.py`` or a module such as ``analysis.export``) with ``argv`` from the
     repository root, SIGKILLed right before its ``n``-th write under ``root`` (``n`` = 0: never).
     Returns the process and, when it was not killed, how many writes under ``root`` it made."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _KILL_AT_WRITE, str(root), str(n), tool, *map(str, argv)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    proc = run_python("-c", _KILL_AT_WRITE, str(root), str(n), tool, *map(str, argv), env=env, timeout=timeout)
     found = re.search(r"write events: (\d+)", proc.stderr)
     return proc, int(found.group(1)) if found else -1
 

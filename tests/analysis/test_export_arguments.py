@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from analysis.export import main
 from components.model import Decoder
-from tests.helpers import REPO, compose_root, save_run, tree_hash
+from tests.helpers import compose_root, run_python, save_run, tree_hash
 
 PROG = "python -m analysis.export: error: "
 
@@ -80,14 +78,7 @@ def test_a_run_that_does_not_load_is_named(tmp_path, capsys):
 
 def test_check_only_with_an_unknown_component_is_one_line_exit_2(tmp_path):
     before = tree_hash(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "analysis.export", "--check-only", str(tmp_path), "mixer=mhaa"],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_python("-m", "analysis.export", "--check-only", str(tmp_path), "mixer=mhaa", timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(PROG) and "mixer" in proc.stderr and "'mhaa'" in proc.stderr, proc.stderr
     assert "Did you mean 'mha'?" in proc.stderr and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1

@@ -6,15 +6,13 @@ from __future__ import annotations
 import csv
 import json
 import random
-import subprocess
-import sys
 
 import pytest
 
 from analysis.ladder import FIGURES, main, read_rows
 from runtime.cli import ToolError
 from tests.analysis.synthetic_ladder import synthetic_runs, write_ladder_csv
-from tests.helpers import REPO
+from tests.helpers import run_python
 
 
 @pytest.fixture
@@ -201,17 +199,9 @@ def test_the_module_runs_from_the_command_line_into_out(ladder_dir, tmp_path):
     """The CSV named instead of its folder, the outputs in --out, the loss in nats fitted instead."""
     out = tmp_path / "report" / "nested"
     argv = [str(ladder_dir / "ladder.csv"), "--bootstrap", "10", "--out", str(out), "--metric", "val_loss"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "analysis.ladder", *argv], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
+    proc = run_python("-m", "analysis.ladder", *argv, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "fits.json").read_text())["metric"] == "val_loss"
     assert not (ladder_dir / "fits.json").exists()
-    proc = subprocess.run(
-        [sys.executable, "-m", "analysis.ladder", str(ladder_dir / "missing.csv")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_python("-m", "analysis.ladder", str(ladder_dir / "missing.csv"), timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "missing.csv" in proc.stderr

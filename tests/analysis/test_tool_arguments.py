@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, run_python
 
 
 def _refused(capsys, main, argv, message):
@@ -61,15 +61,8 @@ HARNESS_TASKS = REPO / "tests" / "harness_tasks"
 
 
 def _harness(tmp_path, *argv) -> tuple[int, str]:
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "analysis.harness", *argv],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    proc = run_python("-m", "analysis.harness", *argv, env=env, timeout=300)
     return proc.returncode, proc.stderr
 
 

@@ -5,16 +5,13 @@ the run's loss, the harness the run's log-likelihoods, and ``init_from`` starts 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from runtime.config import to_container
 from runtime.load_run import load_run
-from tests.helpers import REPO, run_train
+from tests.helpers import run_python, run_train
 from tests.training.test_train import only_run_dir
 
 K3 = [
@@ -40,14 +37,7 @@ def run_and_export(tmp_path_factory):
     assert result.returncode == 0, result.stderr[-3000:]
     run = only_run_dir(root / "runs")
     export = root / "export"
-    proc = subprocess.run(
-        [sys.executable, "-m", "analysis.export", str(run), str(export)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_python("-m", "analysis.export", str(run), str(export))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "K3SandboxForCausalLM" in proc.stdout  # K3 text-only: the registered class, never Kimi-Linear-48B's
     return run, export
