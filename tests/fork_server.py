@@ -174,25 +174,33 @@ def serve() -> None:
 
 
 class ForkedRun:
-    """One run the server started: ``wait`` gives what ``subprocess.run`` would have."""
+    """One run the server started, with ``subprocess.Popen``'s ``poll`` and ``returncode``; ``wait`` gives what
+    ``subprocess.run`` would have."""
 
     def __init__(self, server: "ForkServer", pid: int, command: list[str], tmp: tempfile.TemporaryDirectory) -> None:
         self.server, self.pid, self.args, self.tmp = server, pid, [sys.executable, *command], tmp
+        self.returncode: Optional[int] = None
 
     def _output(self) -> tuple[str, str]:
         return tuple(Path(self.tmp.name, name).read_text(errors="replace") for name in ("stdout", "stderr"))
 
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            self.returncode = self.server.status_of(self.pid, 0)
+        return self.returncode
+
     def wait(self, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
         try:
-            status = self.server.status_of(self.pid, timeout)
-            if status is None:  # as subprocess.run's timeout: kill the run (its whole group), report it
+            if self.returncode is None:
+                self.returncode = self.server.status_of(self.pid, timeout)
+            if self.returncode is None:  # as subprocess.run's timeout: kill the run (its whole group), report it
                 try:
                     os.killpg(self.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                self.server.status_of(self.pid, 60)
+                self.returncode = self.server.status_of(self.pid, 60)
                 raise subprocess.TimeoutExpired(self.args, timeout or 0, *self._output())
-            return subprocess.CompletedProcess(self.args, status, *self._output())
+            return subprocess.CompletedProcess(self.args, self.returncode, *self._output())
         finally:
             self.tmp.cleanup()
 

@@ -53,13 +53,20 @@ atexit.register(_FORK_SERVER.stop)
 
 
 class _PlainRun:
-    """A train.py run in a fresh interpreter, with ``ForkedRun``'s ``wait``."""
+    """A run in a fresh interpreter, with ``ForkedRun``'s ``poll``, ``returncode`` and ``wait``."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict) -> None:
         self.proc = subprocess.Popen(
             args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
         )
         self.pid = self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
 
     def wait(self, timeout: float | None = None) -> subprocess.CompletedProcess:
         try:

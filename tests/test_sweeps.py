@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+import sweeps.run
 from analysis.compare import compare
 from runtime.sweep_job import read_index
 from sweeps.run import commands, load_study, main, study_names
+from tests.helpers import start_python
 
 STUDIES = study_names()
 
@@ -44,14 +47,14 @@ SLOW_SMOKE = {
 
 
 @pytest.mark.parametrize("study", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SMOKE else s for s in STUDIES])
-def test_study_smoke_runs_end_to_end(tmp_path, study):
-    _smoke(tmp_path, study, SMOKE_POINTS.get(study))
+def test_study_smoke_runs_end_to_end(tmp_path, study, monkeypatch):
+    _smoke(tmp_path, study, SMOKE_POINTS.get(study), monkeypatch)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("study", STUDIES)
-def test_every_point_of_every_study_trains(tmp_path, study):
-    _smoke(tmp_path, study, None)
+def test_every_point_of_every_study_trains(tmp_path, study, monkeypatch):
+    _smoke(tmp_path, study, None, monkeypatch)
 
 
 def test_every_job_of_every_study_composes_and_validates(tmp_path):
@@ -87,7 +90,10 @@ def test_every_study_compares_its_points_at_equal_tokens_with_warmup_inside_the_
             assert not choice.strip() or int(choice) <= cfg.trainer.max_steps // 2, (study, choice)
 
 
-def _smoke(tmp_path: Path, study: str, points: str | None) -> None:
+def _smoke(tmp_path: Path, study: str, points: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # each point's train.py -m process forked from the test server (tests/fork_server.py), as Popen started it
+    forked = SimpleNamespace(Popen=lambda argv, cwd, env: start_python(*argv[1:], env=env, cwd=cwd))
+    monkeypatch.setattr(sweeps.run, "subprocess", forked)
     assert (
         main(
             [study, "--smoke", "--jobs", "2", "--output-root", str(tmp_path), *(["--points", points] if points else [])]
