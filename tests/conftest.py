@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from runtime.cpu_threads import threads_per_job
-from tests.helpers import run_train
 
 # under pytest-xdist each worker is one of N concurrent test processes: the cores are split between them,
 # for this process and for the training runs it starts (spinning OpenMP threads on oversubscribed cores
@@ -42,4 +41,6 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def train_cmd():
+    from tests.helpers import run_train  # imported after the setup above (its fork server keeps that environment)
+
     return run_train

@@ -209,6 +209,9 @@ class ForkServer:
     """The client: one server per test process, started on first use, stopped at exit."""
 
     def __init__(self) -> None:
+        # the environment the test process started with: a test's monkeypatched variables are passed to its own
+        # runs, never frozen into what the server imports
+        self.env = dict(os.environ)
         self.proc: Optional[subprocess.Popen] = None
         self.lines: Optional[_Lines] = None
         self.broken: Optional[str] = None
@@ -222,14 +225,17 @@ class ForkServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.fork_server"],
             cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**self.env, "PYTHONPATH": str(REPO)},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
         assert self.proc.stdout is not None
         self.lines = _Lines(self.proc.stdout.fileno())
-        hello = self._message(300)
+        try:
+            hello = self._message(300)
+        except RuntimeError:  # it ended during its imports: the runs show why, in fresh interpreters
+            hello = None
         if not hello or not hello.get("ready"):
             self.broken = (hello or {}).get("why", "the server did not start")
             self.stop()
@@ -260,8 +266,14 @@ class ForkServer:
         out.touch()
         err.touch()
         request = {"command": command, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:  # the server is gone: this run and the next ones run plainly
+            self.broken = "the server ended"
+            self.stop()
+            tmp.cleanup()
+            return None
         while True:
             message = self._message(60)
             if message is None:

@@ -1,0 +1,65 @@
+"""The tests' fork server (tests/fork_server.py) gives what a fresh interpreter gives: return codes, signals,
+output, environment, working folder and arguments, and a timeout that kills the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.helpers import REPO, run_python, start_python
+
+SHOW = "import json, os, sys; print(json.dumps([os.environ.get('PROBE'), os.getcwd(), sys.argv[1:], os.getppid()]))"
+
+
+@pytest.fixture(params=["forked", "fresh"])
+def mode(request, monkeypatch):
+    if request.param == "fresh":
+        monkeypatch.setenv("K3_TEST_FORK", "0")
+    return request.param
+
+
+def test_output_environment_folder_and_arguments_arrive_as_in_a_fresh_interpreter(mode):
+    done = run_python("-c", SHOW + "; print('to stderr', file=sys.stderr)", "a b", "c", env={"PROBE": "seen"})
+    assert done.returncode == 0, done.stderr
+    probe, cwd, argv, parent = json.loads(done.stdout)
+    assert (probe, cwd, argv) == ("seen", str(REPO), ["a b", "c"])
+    assert done.stderr == "to stderr\n"
+    # forked: the server is the parent, not this test process
+    assert (parent != os.getpid()) == (mode == "forked")
+
+
+@pytest.mark.parametrize(
+    "code, returncode, stderr",
+    [
+        ("import sys; sys.exit(3)", 3, ""),
+        ("import sys; sys.exit('bad input')", 1, "bad input\n"),
+        ("raise ValueError('broken')", 1, "ValueError: broken"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -9, ""),
+        ("import atexit; atexit.register(print, 'at exit')", 0, ""),
+    ],
+)
+def test_return_codes_and_signals_are_those_of_a_subprocess(mode, code, returncode, stderr):
+    done = run_python("-c", code)
+    assert done.returncode == returncode
+    assert stderr in done.stderr
+    if "atexit" in code:
+        assert done.stdout == "at exit\n"  # exit handlers run, as at an interpreter's exit
+
+
+def test_a_module_runs_as_python_m_runs_it(mode):
+    done = run_python("-m", "json.tool", "--help")
+    assert done.returncode == 0 and "usage:" in done.stdout
+
+
+def test_a_timeout_kills_the_run_and_says_so(mode):
+    run = start_python("-c", "import time; time.sleep(60)")
+    assert run.poll() is None  # poll does not wait
+    with pytest.raises(subprocess.TimeoutExpired):
+        run.wait(timeout=1)
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(run.pid, 0)
+    quick = start_python("-c", "pass")
+    assert quick.wait(timeout=60).returncode == 0 and quick.poll() == 0
