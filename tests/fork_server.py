@@ -43,6 +43,21 @@ PRELOAD = (
 )
 
 
+# environment variables read when a run runs, not when a module is imported (those differ per run and test)
+RUN_TIME_VARIABLES = {
+    "OMP_NUM_THREADS",  # the child sets its thread count from it
+    "PYTHONDONTWRITEBYTECODE",  # the child sets sys.dont_write_bytecode from it
+    "PYTHONPATH",
+    "PLANTED_DEFECT",
+    "PATH",
+    # set by libraries the test process imports (lm_eval, threadpoolctl, torch's compiler), for their own use:
+    # a subprocess would inherit them too, and a training run does not depend on them
+    "HF_XET_HIGH_PERFORMANCE",
+    "KMP_DUPLICATE_LIB_OK",
+}
+RUN_TIME_PREFIXES = ("WANDB_", "PYTEST_", "K3_")
+
+
 def _child(request: dict) -> None:
     """In the forked child: become the process ``python command...`` would be, run it, exit."""
     code = 1
@@ -66,6 +81,7 @@ def _child(request: dict) -> None:
             import torch
 
             torch.set_num_threads(int(threads))  # the pool was sized when torch loaded, in the server
+        sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))  # read at start-up
         os.chdir(request["cwd"])
         import runpy
 
@@ -255,10 +271,17 @@ class ForkServer:
             self.proc.wait()
             self.proc = None
 
+    def forkable(self, env: dict) -> bool:
+        """Whether a run with environment ``env`` can be forked: every variable that differs from the server's
+        is one that is read at run time. Anything else (HF_HOME, a TORCH_* switch, ...) may be read when a module
+        is imported, which for a forked child happened in the server, so such a run gets a fresh interpreter."""
+        differs = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
+        return all(k in RUN_TIME_VARIABLES or k.startswith(RUN_TIME_PREFIXES) for k in differs)
+
     def start(self, command: list[str], cwd: Path, env: dict) -> Optional[ForkedRun]:
         """``python command...`` (a script, ``-m module`` or ``-c code``, and its arguments) as a forked child;
         None where the server cannot start (run it plainly)."""
-        if not self._start():
+        if not self.forkable(env) or not self._start():
             return None
         assert self.proc is not None and self.proc.stdin is not None
         tmp = tempfile.TemporaryDirectory()
