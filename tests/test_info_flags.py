@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import yaml
 
 from components.registry import FAMILIES
-from tests.helpers import REPO
+from tests.helpers import run_python
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    return run_python("train.py", *args, timeout=300)
 
 
 def test_cfg_job_resolve_fills_the_vocabulary_from_the_data():
