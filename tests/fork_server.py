@@ -47,7 +47,6 @@ PRELOAD = (
 RUN_TIME_VARIABLES = {
     "OMP_NUM_THREADS",  # the child sets its thread count from it
     "PYTHONDONTWRITEBYTECODE",  # the child sets sys.dont_write_bytecode from it
-    "PYTHONPATH",
     "PLANTED_DEFECT",
     "PATH",
     # set by libraries the test process imports (lm_eval, threadpoolctl, torch's compiler), for their own use:
@@ -62,18 +61,18 @@ def _child(request: dict) -> None:
     """In the forked child: become the process ``python command...`` would be, run it, exit."""
     code = 1
     try:
-        os.setsid()  # its own process group: a timeout kills the run and whatever it started
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.setpgid(0, 0)  # its own process group (the server sets it too, so a kill never misses it)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, as in a fresh interpreter
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         fd_in = os.open(os.devnull, os.O_RDONLY)
         fd_out = os.open(request["stdout"], os.O_WRONLY | os.O_TRUNC)
         fd_err = os.open(request["stderr"], os.O_WRONLY | os.O_TRUNC)
+        # onto the interpreter's own streams, which keep their buffering and error handling (stderr line by
+        # line, unencodable characters escaped) and which handlers made in the server write to
         for fd, target in ((fd_in, 0), (fd_out, 1), (fd_err, 2)):
             os.dup2(fd, target)
             os.close(fd)
-        sys.stdin = open(0, closefd=False)
-        sys.stdout = open(1, "w", closefd=False)
-        sys.stderr = open(2, "w", closefd=False)
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         os.environ.clear()
         os.environ.update(request["env"])
         threads = os.environ.get("OMP_NUM_THREADS")
@@ -111,10 +110,11 @@ def _child(request: dict) -> None:
             else:
                 print(exit_.code, file=sys.stderr)
                 code = 1
+        except KeyboardInterrupt:
+            sys.excepthook(*sys.exc_info())
+            code = -signal.SIGINT  # a fresh interpreter ends by SIGINT then
         except BaseException:
-            import traceback
-
-            traceback.print_exc()
+            sys.excepthook(*sys.exc_info())  # exit hooks (W&B's) see the exception, as in a fresh interpreter
             code = 1
         # what the interpreter does at exit: join non-daemon threads, then the atexit handlers
         threading._shutdown()  # type: ignore[attr-defined]
@@ -126,6 +126,9 @@ def _child(request: dict) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
+            if code == -signal.SIGINT:
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
             os._exit(code)
 
 
@@ -169,24 +172,47 @@ def serve() -> None:
         say({"ready": False, "why": f"{threading.active_count()} threads after the imports"})
         return
     say({"ready": True})
-    requests, running = _Lines(0), 0
+    requests, running = _Lines(0), set()
     while True:
         line = requests.next(0.05 if running else None)
-        if line == "":
+        if line == "":  # the client is gone: so are its runs
+            for pid in running:
+                _kill_group(pid)
             return
         if line:
+            sys.stdout.flush()
+            sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
                 channel.close()
                 _child(json.loads(line))
-            running += 1
+            try:
+                os.setpgid(pid, pid)  # before the client can time it out (the child does the same)
+            except OSError:  # it already has, or has already ended
+                pass
+            running.add(pid)
             say({"pid": pid})
         while running:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            running -= 1
+            running.discard(pid)
             say({"pid": pid, "status": os.waitstatus_to_exitcode(status)})
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 class ForkedRun:
@@ -206,19 +232,27 @@ class ForkedRun:
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
+        if self.tmp is None:
+            raise RuntimeError(f"run {self.pid} was already waited for")
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             if self.returncode is None:
                 self.returncode = self.server.status_of(self.pid, timeout)
-            if self.returncode is None:  # as subprocess.run's timeout: kill the run (its whole group), report it
-                try:
-                    os.killpg(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.returncode = self.server.status_of(self.pid, 60)
+            # what the run started (ranks, workers) and left running: subprocess.run would wait for it while
+            # it holds the output open; here, while its process group lives
+            while self.returncode is not None and _group_alive(self.pid):
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            if self.returncode is None or _group_alive(self.pid):  # as subprocess.run's timeout: kill, report
+                _kill_group(self.pid)
+                if self.returncode is None:
+                    self.returncode = self.server.status_of(self.pid, 60)
                 raise subprocess.TimeoutExpired(self.args, timeout or 0, *self._output())
             return subprocess.CompletedProcess(self.args, self.returncode, *self._output())
         finally:
             self.tmp.cleanup()
+            self.tmp = None
 
 
 class ForkServer:
@@ -227,7 +261,7 @@ class ForkServer:
     def __init__(self) -> None:
         # the environment the test process started with: a test's monkeypatched variables are passed to its own
         # runs, never frozen into what the server imports
-        self.env = dict(os.environ)
+        self.env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc: Optional[subprocess.Popen] = None
         self.lines: Optional[_Lines] = None
         self.broken: Optional[str] = None
@@ -241,7 +275,7 @@ class ForkServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.fork_server"],
             cwd=REPO,
-            env={**self.env, "PYTHONPATH": str(REPO)},
+            env=self.env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -259,17 +293,24 @@ class ForkServer:
         return True
 
     def _message(self, timeout: Optional[float]) -> Optional[dict]:
-        assert self.lines is not None
+        if self.lines is None:
+            raise RuntimeError("the fork server was stopped")
         line = self.lines.next(timeout)
         if line == "":
             raise RuntimeError("the fork server ended")
         return None if line is None else json.loads(line)
 
     def stop(self) -> None:
+        """End the server; it kills the runs still going when its input closes."""
         if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc, self.lines = None, None
 
     def forkable(self, env: dict) -> bool:
         """Whether a run with environment ``env`` can be forked: every variable that differs from the server's

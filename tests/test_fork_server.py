@@ -43,6 +43,10 @@ def test_output_environment_folder_and_arguments_arrive_as_in_a_fresh_interprete
         ("raise ValueError('broken')", 1, "ValueError: broken"),
         ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -9, ""),
         ("import atexit; atexit.register(print, 'at exit')", 0, ""),
+        ("raise KeyboardInterrupt", -2, "KeyboardInterrupt"),
+        # stderr is written line by line (kept when the run is killed) and escapes what it cannot encode
+        ("import os, sys; print('before the kill', file=sys.stderr); os.kill(os.getpid(), 9)", -9, "before the kill"),
+        ("import sys; print('a\\udcffb', file=sys.stderr)", 0, "a\\udcffb"),
     ],
 )
 def test_return_codes_and_signals_are_those_of_a_subprocess(mode, code, returncode, stderr):
@@ -74,3 +78,19 @@ def test_a_variable_a_module_may_read_at_import_gets_a_fresh_interpreter(mode):
     is not forked."""
     done = run_python("-c", SHOW, env={"HF_HOME": "/nonexistent/hf"})
     assert json.loads(done.stdout)[3] == os.getpid()
+
+
+def test_what_a_run_leaves_running_is_waited_for_as_its_output_would_be(mode):
+    code = (
+        "import subprocess, sys; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1); print(\\'late\\', flush=True)'])"
+    )
+    assert run_python("-c", code, timeout=60).stdout == "late\n"
+
+
+def test_a_different_pythonpath_gets_a_fresh_interpreter(mode, tmp_path):
+    (tmp_path / "extra_module.py").write_text("VALUE = 7\n")
+    code = SHOW + "; import extra_module; print(extra_module.VALUE)"
+    done = run_python("-c", code, env={"PYTHONPATH": f"{REPO}:{tmp_path}"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[0])[3] == os.getpid() and done.stdout.splitlines()[1] == "7"
