@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -287,10 +288,15 @@ class ForkServer:
         except RuntimeError:  # it ended during its imports: the runs show why, in fresh interpreters
             hello = None
         if not hello or not hello.get("ready"):
-            self.broken = (hello or {}).get("why", "the server did not start")
-            self.stop()
+            self._give_up((hello or {}).get("why", "the server did not start"))
             return False
         return True
+
+    def _give_up(self, why: str) -> None:
+        """Stop using the server for the rest of this test process, and say why once (the suite's warnings)."""
+        self.broken = why
+        self.stop()
+        warnings.warn(f"tests/fork_server.py: {why}; runs start in fresh interpreters from now on", stacklevel=3)
 
     def _message(self, timeout: Optional[float]) -> Optional[dict]:
         if self.lines is None:
@@ -334,8 +340,7 @@ class ForkServer:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
         except OSError:  # the server is gone: this run and the next ones run plainly
-            self.broken = "the server ended"
-            self.stop()
+            self._give_up("the server ended")
             tmp.cleanup()
             return None
         while True:
