@@ -9,8 +9,10 @@ started no threads, and forks a child for each run. The child is a separate proc
 shows as return code -9), so the tests keep exercising the command line end to end; only the import is shared.
 
 Protocol, JSON lines over the server's stdin/stdout: a request ``{"command", "cwd", "env", "stdout", "stderr"}``
-(the last two are files the child's output goes to) is answered with ``{"pid"}`` right after the fork; each
-child's end with ``{"pid", "status"}`` (a return code, negative for a signal, as subprocess reports it).
+(the last two are files the child's output goes to) is answered with ``{"run", "pid"}`` right after the fork;
+each child's end with ``{"run", "status"}`` (a return code, negative for a signal, as subprocess reports it).
+``run`` numbers the requests, so a pid the system hands out again after its first process was reaped never
+mixes up two runs' ends.
 """
 
 from __future__ import annotations
@@ -173,7 +175,8 @@ def serve() -> None:
         say({"ready": False, "why": f"{threading.active_count()} threads after the imports"})
         return
     say({"ready": True})
-    requests, running = _Lines(0), set()
+    requests, started = _Lines(0), 0
+    running: dict[int, int] = {}  # pid -> run number, of the children not yet reaped
     while True:
         line = requests.next(0.05 if running else None)
         if line == "":  # the client is gone: so are its runs
@@ -191,14 +194,14 @@ def serve() -> None:
                 os.setpgid(pid, pid)  # before the client can time it out (the child does the same)
             except OSError:  # it already has, or has already ended
                 pass
-            running.add(pid)
-            say({"pid": pid})
+            started += 1
+            running[pid] = started
+            say({"run": started, "pid": pid})
         while running:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            running.discard(pid)
-            say({"pid": pid, "status": os.waitstatus_to_exitcode(status)})
+            say({"run": running.pop(pid), "status": os.waitstatus_to_exitcode(status)})
 
 
 def _kill_group(pid: int) -> None:
@@ -220,8 +223,10 @@ class ForkedRun:
     """One run the server started, with ``subprocess.Popen``'s ``poll`` and ``returncode``; ``wait`` gives what
     ``subprocess.run`` would have."""
 
-    def __init__(self, server: "ForkServer", pid: int, command: list[str], tmp: tempfile.TemporaryDirectory) -> None:
-        self.server, self.pid, self.args, self.tmp = server, pid, [sys.executable, *command], tmp
+    def __init__(
+        self, server: "ForkServer", run: int, pid: int, command: list[str], tmp: tempfile.TemporaryDirectory
+    ) -> None:
+        self.server, self.run, self.pid, self.args, self.tmp = server, run, pid, [sys.executable, *command], tmp
         self.returncode: Optional[int] = None
 
     def _output(self) -> tuple[str, str]:
@@ -229,7 +234,7 @@ class ForkedRun:
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:
-            self.returncode = self.server.status_of(self.pid, 0)
+            self.returncode = self.server.status_of(self.run, 0)
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
@@ -238,7 +243,7 @@ class ForkedRun:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             if self.returncode is None:
-                self.returncode = self.server.status_of(self.pid, timeout)
+                self.returncode = self.server.status_of(self.run, timeout)
             # what the run started (ranks, workers) and left running: subprocess.run would wait for it while
             # it holds the output open; here, while its process group lives
             while self.returncode is not None and _group_alive(self.pid):
@@ -248,7 +253,7 @@ class ForkedRun:
             if self.returncode is None or _group_alive(self.pid):  # as subprocess.run's timeout: kill, report
                 _kill_group(self.pid)
                 if self.returncode is None:
-                    self.returncode = self.server.status_of(self.pid, 60)
+                    self.returncode = self.server.status_of(self.run, 60)
                 raise subprocess.TimeoutExpired(self.args, timeout or 0, *self._output())
             return subprocess.CompletedProcess(self.args, self.returncode, *self._output())
         finally:
@@ -266,7 +271,7 @@ class ForkServer:
         self.proc: Optional[subprocess.Popen] = None
         self.lines: Optional[_Lines] = None
         self.broken: Optional[str] = None
-        self.ended: dict[int, int] = {}  # pid -> return code, of runs nobody has waited for yet
+        self.ended: dict[int, int] = {}  # run number -> return code, of runs nobody has waited for yet
 
     def _start(self) -> bool:
         if self.proc is not None:
@@ -349,20 +354,20 @@ class ForkServer:
                 self.stop()
                 raise RuntimeError("the fork server did not start the run")
             if "status" in message:
-                self.ended[message["pid"]] = message["status"]
+                self.ended[message["run"]] = message["status"]
             else:
-                return ForkedRun(self, message["pid"], command, tmp)
+                return ForkedRun(self, message["run"], message["pid"], command, tmp)
 
-    def status_of(self, pid: int, timeout: Optional[float]) -> Optional[int]:
-        """Run ``pid``'s return code once it ends; None if it has not within ``timeout`` seconds."""
+    def status_of(self, run: int, timeout: Optional[float]) -> Optional[int]:
+        """Run number ``run``'s return code once it ends; None if it has not within ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while pid not in self.ended:
+        while run not in self.ended:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             message = self._message(left)
             if message is None:
                 return None
-            self.ended[message["pid"]] = message["status"]
-        return self.ended.pop(pid)
+            self.ended[message["run"]] = message["status"]
+        return self.ended.pop(run)
 
 
 if __name__ == "__main__":

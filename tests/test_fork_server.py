@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
@@ -94,3 +95,28 @@ def test_a_different_pythonpath_gets_a_fresh_interpreter(mode, tmp_path):
     done = run_python("-c", code, env={"PYTHONPATH": f"{REPO}:{tmp_path}"})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[0])[3] == os.getpid() and done.stdout.splitlines()[1] == "7"
+
+
+def test_a_pid_handed_out_again_never_mixes_up_two_runs_ends():
+    """The client keys each run's end by the server's run number: here run 1 (pid 4242) ends, unread, and the
+    system gives the same pid to run 2, which is still going. Keyed by pid, run 2 would report run 1's code."""
+    from tests.fork_server import ForkServer, _Lines
+
+    read, write = os.pipe()
+    server = ForkServer()
+    server.proc = SimpleNamespace(stdin=open(os.devnull, "wb"))  # requests go nowhere; the answers are scripted
+    server.lines = _Lines(read)
+    script = [{"run": 1, "pid": 4242}, {"run": 1, "status": 3}, {"run": 2, "pid": 4242}]
+    os.write(write, "".join(json.dumps(m) + "\n" for m in script).encode())
+    first = server.start(["-c", "pass"], REPO, server.env)
+    second = server.start(["-c", "pass"], REPO, server.env)
+    assert (first.pid, second.pid) == (4242, 4242)
+    assert second.poll() is None  # still going: run 1's end is not its end
+    assert first.poll() == 3
+    os.write(write, (json.dumps({"run": 2, "status": 0}) + "\n").encode())
+    assert second.poll() == 0
+    server.proc.stdin.close()
+    for run in (first, second):
+        run.tmp.cleanup()
+    os.close(read)
+    os.close(write)
