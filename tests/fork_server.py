@@ -181,7 +181,7 @@ def serve() -> None:
         line = requests.next(0.05 if running else None)
         if line == "":  # the client is gone: so are its runs
             for pid in running:
-                _kill_group(pid)
+                _signal_group(pid, signal.SIGKILL)
             return
         if line:
             sys.stdout.flush()
@@ -204,16 +204,10 @@ def serve() -> None:
             say({"run": running.pop(pid), "status": os.waitstatus_to_exitcode(status)})
 
 
-def _kill_group(pid: int) -> None:
+def _signal_group(pid: int, sig: int) -> bool:
+    """Send ``sig`` to the process group run ``pid`` leads (0: none, a liveness probe); whether the group exists."""
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _group_alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
+        os.killpg(pid, sig)
         return True
     except (ProcessLookupError, PermissionError):
         return False
@@ -246,12 +240,12 @@ class ForkedRun:
                 self.returncode = self.server.status_of(self.run, timeout)
             # what the run started (ranks, workers) and left running: subprocess.run would wait for it while
             # it holds the output open; here, while its process group lives
-            while self.returncode is not None and _group_alive(self.pid):
+            while self.returncode is not None and _signal_group(self.pid, 0):
                 if deadline is not None and time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
-            if self.returncode is None or _group_alive(self.pid):  # as subprocess.run's timeout: kill, report
-                _kill_group(self.pid)
+            if self.returncode is None or _signal_group(self.pid, 0):  # as subprocess.run's timeout: kill, report
+                _signal_group(self.pid, signal.SIGKILL)
                 if self.returncode is None:
                     self.returncode = self.server.status_of(self.run, 60)
                 raise subprocess.TimeoutExpired(self.args, timeout or 0, *self._output())
