@@ -56,6 +56,9 @@ RUN_TIME_VARIABLES = {
     # a subprocess would inherit them too, and a training run does not depend on them
     "HF_XET_HIGH_PERFORMANCE",
     "KMP_DUPLICATE_LIB_OK",
+    # set by Inductor in the test process the first time it compiles (its default cache folder, for its compile
+    # workers); read when a run compiles
+    "TORCHINDUCTOR_CACHE_DIR",
 }
 RUN_TIME_PREFIXES = ("WANDB_", "PYTEST_", "K3_")
 
@@ -174,7 +177,7 @@ def serve() -> None:
     if threading.active_count() != 1:  # forking a process with threads can leave locks held in the child
         say({"ready": False, "why": f"{threading.active_count()} threads after the imports"})
         return
-    say({"ready": True})
+    say({"ready": True, "env": dict(os.environ)})  # with what its imports set (lightning: an NVML switch)
     requests, started = _Lines(0), 0
     running: dict[int, int] = {}  # pid -> run number, of the children not yet reaped
     while True:
@@ -262,6 +265,7 @@ class ForkServer:
         # the environment the test process started with: a test's monkeypatched variables are passed to its own
         # runs, never frozen into what the server imports
         self.env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.env_after_imports: dict[str, str] = {}  # the server's, once it has imported PRELOAD
         self.proc: Optional[subprocess.Popen] = None
         self.lines: Optional[_Lines] = None
         self.broken: Optional[str] = None
@@ -289,6 +293,7 @@ class ForkServer:
         if not hello or not hello.get("ready"):
             self._give_up((hello or {}).get("why", "the server did not start"))
             return False
+        self.env_after_imports = hello["env"]
         return True
 
     def _give_up(self, why: str) -> None:
@@ -318,16 +323,22 @@ class ForkServer:
             self.proc, self.lines = None, None
 
     def forkable(self, env: dict) -> bool:
-        """Whether a run with environment ``env`` can be forked: every variable that differs from the server's
-        is one that is read at run time. Anything else (HF_HOME, a TORCH_* switch, ...) may be read when a module
-        is imported, which for a forked child happened in the server, so such a run gets a fresh interpreter."""
-        differs = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
+        """Whether a run with environment ``env`` can be forked: every variable has the value the server's
+        imports saw (as it started) or left (the test process sets the same ones when it imports the same
+        modules), or is one that is read at run time. Anything else (HF_HOME, a TORCH_* switch, ...) may be read
+        when a module is imported, which for a forked child happened in the server, so such a run gets a fresh
+        interpreter."""
+        differs = {
+            k
+            for k in env.keys() | self.env.keys()
+            if env.get(k) not in (self.env.get(k), self.env_after_imports.get(k))
+        }
         return all(k in RUN_TIME_VARIABLES or k.startswith(RUN_TIME_PREFIXES) for k in differs)
 
     def start(self, command: list[str], cwd: Path, env: dict) -> Optional[ForkedRun]:
         """``python command...`` (a script, ``-m module`` or ``-c code``, and its arguments) as a forked child;
         None where the server cannot start (run it plainly)."""
-        if not self.forkable(env) or not self._start():
+        if not self._start() or not self.forkable(env):
             return None
         assert self.proc is not None and self.proc.stdin is not None
         tmp = tempfile.TemporaryDirectory()

@@ -81,6 +81,20 @@ def test_a_variable_a_module_may_read_at_import_gets_a_fresh_interpreter(mode):
     assert json.loads(done.stdout)[3] == os.getpid()
 
 
+def test_what_the_test_process_s_own_libraries_set_still_forks(monkeypatch):
+    """Variables the test process's imports and compilations set for themselves do not make runs fall back to
+    fresh interpreters: Lightning's NVML switch (set when lightning is imported, as the server's imports set
+    it) and Inductor's cache folder (set at the first compile). Each once made every later run in its test
+    process a fresh interpreter, which only the order-dependent check above could notice."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
+    done = run_python("-c", SHOW)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)[3] != os.getpid()
+
+
 def test_what_a_run_leaves_running_is_waited_for_as_its_output_would_be(mode):
     code = (
         "import subprocess, sys; "
