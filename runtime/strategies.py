@@ -6,7 +6,8 @@
   be a bug, and the training module logs it (``balance/bias_rank_divergence``) instead of hiding it.
 * ``fsdp2``: Lightning's ModelParallelStrategy with a data-parallel mesh over every rank (no tensor
   parallelism); the module shards itself in ``configure_model`` with ``shard_fsdp2`` (torch ``fully_shard``
-  per decoder layer, then the root; the methods training calls instead of ``forward`` registered).
+  per decoder layer, MTP depth, embedding, head and final norm, then the root; the method training calls
+  instead of ``forward`` registered; bf16 parameters and fp32 reductions under ``bf16-mixed``).
   Checkpoints are sharded folders written by torch.distributed.checkpoint, made crash-safe here: written
   under a temporary name, then swapped in, so an interrupted save never replaces the previous good folder.
 """
@@ -22,21 +23,48 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 from runtime.config import data_parallel_ranks
 
-# the decoder's methods training calls instead of forward (runtime/lit_module.py, benchmarks/train_step.py)
-FSDP_FORWARD_METHODS = ("hidden_states", "mtp_losses")
+# the decoder's method training calls instead of forward (runtime/lit_module.py, benchmarks/train_step.py). Not
+# ``mtp_losses``: it runs after ``hidden_states``, when the root (which FSDP2 does not reshard after forward)
+# is still gathered, and of the root it uses only the final norm. Registered, the root's post-backward would
+# fire as soon as the MTP gradient reached the backbone's hidden states (its input), resharding the root before
+# the backbone's own backward ran through it.
+FSDP_FORWARD_METHODS = ("hidden_states",)
 
 
-def shard_fsdp2(model: Any, mesh: Any) -> None:
-    """FSDP2 over ``mesh`` (a data-parallel device mesh): ``fully_shard`` each decoder layer, then the root
-    (embedding, head, final norm, residual-scheme weights, MTP depths); then ``FSDP_FORWARD_METHODS`` are
-    registered as FSDP forward methods, so calling them gathers the root's parameters as ``forward`` does
-    (unregistered, the embedding would meet its sharded weight: "mixed torch.Tensor and DTensor"). Every
-    place that shards the model calls this (the trainer, the GPU check)."""
+def mixed_precision_policy(precision: str) -> Any:
+    """FSDP2's precision policy for ``trainer.precision``: under ``bf16-mixed`` parameters are all-gathered and
+    used in bf16 (half the traffic and transient memory of fp32) while gradients are reduce-scattered and
+    kept in fp32 (the optimizer's sharded master weights stay fp32); None (FSDP2's default: the parameters'
+    own dtype throughout) otherwise."""
+    if precision != "bf16-mixed":
+        return None
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def shard_fsdp2(model: Any, mesh: Any, mp_policy: Any = None) -> None:
+    """FSDP2 over ``mesh`` (a data-parallel device mesh). Units, each gathered only while it runs: every
+    decoder layer, every MTP depth, the embedding, the head (one unit with the embedding when they are tied),
+    then the root (the final norm, which the residual scheme reads by weight, and the scheme's weights). The
+    embedding and head run more than once per step (backbone and each MTP depth): as units of their own, each
+    use gathers them in forward and again in backward, and each backward reduces its share of the gradient.
+    ``mp_policy``: ``mixed_precision_policy(trainer.precision)``. Every place that shards the model calls this
+    (the trainer, the GPU check)."""
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
+    kw = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
     for layer in model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, **kw)
+    for depth in model.mtp:
+        fully_shard(depth, **kw)
+    if model.lm_head.weight is model.embed.weight:
+        fully_shard([model.embed, model.lm_head], **kw)
+    else:
+        fully_shard(model.embed, **kw)
+        fully_shard(model.lm_head, **kw)
+    fully_shard(model, **kw)
     for method in FSDP_FORWARD_METHODS:
         register_fsdp_forward_method(model, method)
 
