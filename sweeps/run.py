@@ -26,14 +26,14 @@ Every point runs as one Hydra multirun (``train.py -m``) into the same sweep fol
 and the varied options as tags, and land in the folder's ``index.jsonl`` for ``python -m analysis.compare``.
 GPU scale: pass e.g. ``trainer=gpu model.d_model=1024`` after the study name.
 
-``python -m sweeps.run ladder DECISION ...`` launches a scaling ladder instead (``sweeps/ladder.py``).
+``python -m sweeps.run ladder DECISION ...`` launches a scaling ladder instead (``sweeps/ladder.py``). Both
+start their ``train.py`` processes through ``sweeps/run_pool.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,9 +41,8 @@ from typing import Any
 
 import yaml
 
-from runtime import handoff
-from runtime.cpu_threads import threads_per_job
 from runtime.sweep_job import split_override
+from sweeps.run_pool import run_points
 
 STUDIES = Path(__file__).resolve().parent
 REPO = STUDIES.parent
@@ -153,36 +152,6 @@ def commands(
         ]
         out.append((point, argv))
     return out
-
-
-def run_points(cmds: list[tuple[str, list[str]]], output_root: Path, env: dict[str, str], jobs: int = 1) -> list[str]:
-    """Run every point's multirun, up to ``jobs`` at once; returns the points that failed. A
-    configuration error (exit 2) stops launching further points: they would fail alike."""
-    pending, running, failed = list(cmds), [], []
-    config_error = False
-    env = {**env, **threads_per_job(jobs, env)}
-    while pending or running:
-        while pending and len(running) < max(1, jobs) and not config_error:
-            point, cmd = pending.pop(0)
-            argv = [sys.executable, str(REPO / "train.py"), *cmd, f"output_root={output_root}"]
-            running.append((point, subprocess.Popen(argv, cwd=REPO, env={**env, **handoff.point_env(point)})))
-        if not running:
-            if pending:
-                print(
-                    f"error: not started after a configuration error: {', '.join(p for p, _ in pending)}",
-                    file=sys.stderr,
-                )
-                failed += [p for p, _ in pending]
-            break
-        done = next((item for item in running if item[1].poll() is not None), None)
-        if done is None:
-            time.sleep(0.2)
-            continue
-        running.remove(done)
-        if done[1].returncode != 0:
-            failed.append(done[0])
-            config_error = config_error or done[1].returncode == 2
-    return failed
 
 
 def main(argv: list[str] | None = None) -> int:

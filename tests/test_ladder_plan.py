@@ -1,17 +1,21 @@
-"""The scaling ladder's plan (sweeps/ladder.py, sweeps/ladder_rungs.py): the size rule, budgets, branch
-points, learning-rate choice, finished-run detection and refusals, without training."""
+"""The scaling ladder's plan (sweeps/ladder_plan.py, sweeps/ladder_rungs.py) and its executor's bookkeeping
+(sweeps/ladder.py): the size rule, budgets, branch points, learning-rate choice, finished-run detection and
+refusals, without training."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from analysis.model_report import report
 from components.optim.schedules.wsd import decay_start
-from sweeps import ladder
+from runtime.rate_probe import Rate
+from sweeps import ladder, ladder_plan
 from sweeps.ladder_rungs import Rung
 
 
@@ -25,11 +29,12 @@ def test_the_rule_at_k3_smalls_size_is_k3_small():
 # the GPU preset's rungs compose the same way at larger sizes (about 25 s of composing): with -m slow
 @pytest.mark.parametrize("preset", ["cpu", pytest.param("gpu", marks=pytest.mark.slow)])
 def test_every_rung_composes_in_both_arms_and_spans_8x(preset):
-    p = ladder.load_preset(preset)
-    for decision in ladder.decision_names():
-        d = ladder.load_decision(decision)
+    p = ladder_plan.load_preset(preset)
+    for decision in ladder_plan.decision_names():
+        d = ladder_plan.load_decision(decision)
         sizes = {
-            arm: [ladder.account(ladder.arm_overrides(d[arm], r, p, [], True)) for r in p.rungs] for arm in ladder.ARMS
+            arm: [ladder_plan.account(ladder_plan.arm_overrides(d[arm], r, p, [], True)) for r in p.rungs]
+            for arm in ladder_plan.ARMS
         }
         non_embedding = [s.non_embedding_params for s in sizes["baseline"]]
         assert non_embedding == sorted(non_embedding) and non_embedding[-1] >= 8 * non_embedding[0]
@@ -40,9 +45,9 @@ def test_every_rung_composes_in_both_arms_and_spans_8x(preset):
 
 
 def test_budgets_branch_points_and_checkpoints():
-    p = ladder.load_preset("cpu")
-    d = ladder.load_decision("block_attnres")
-    runs = ladder.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder.ARMS})
+    p = ladder_plan.load_preset("cpu")
+    d = ladder_plan.load_decision("block_attnres")
+    runs = ladder_plan.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder_plan.ARMS})
     by_name = {r.name: r for r in runs}
     stable = [r for r in runs if r.phase == "stable"]
     assert len(stable) == 2 * len(p.rungs) * len(p.seeds)
@@ -59,7 +64,7 @@ def test_budgets_branch_points_and_checkpoints():
     assert {r.rung for r in lr_runs} == set(p.rungs[: p.lr_sweep_rungs])
     assert len(lr_runs) == 2 * p.lr_sweep_rungs * len(p.lr_factors)
     branch = next(r for r in runs if r.phase == "branch")
-    argv = ladder.run_overrides(branch, d[branch.arm], p, [], ladder.Path("/runs"))
+    argv = ladder_plan.run_overrides(branch, d[branch.arm], p, [], Path("/runs"))
     assert f"init_step={branch.init_step}" in argv and "ckpt_path=last" in argv
     assert f"init_from=/runs/{branch.branch_of}" in argv
 
@@ -75,13 +80,13 @@ def _fake_lr_summaries(runs, best_factor, preset):
 
 
 def test_learning_rates_are_fitted_against_size_and_edges_flagged():
-    p = ladder.load_preset("cpu")
-    d = ladder.load_decision("block_attnres")
-    runs = ladder.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder.ARMS})
+    p = ladder_plan.load_preset("cpu")
+    d = ladder_plan.load_decision("block_attnres")
+    runs = ladder_plan.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder_plan.ARMS})
     swept = p.rungs[: p.lr_sweep_rungs]
     best = {swept[0].name: 1.0, swept[1].name: 0.5}
-    chosen = ladder.choose_learning_rates(runs, _fake_lr_summaries(runs, best, p), p)
-    for arm in ladder.ARMS:
+    chosen = ladder_plan.choose_learning_rates(runs, _fake_lr_summaries(runs, best, p), p)
+    for arm in ladder_plan.ARMS:
         rates, edges = chosen[arm]
         assert rates[swept[0].name] == pytest.approx(p.lr_base * 1.0)
         assert rates[swept[1].name] == pytest.approx(p.lr_base * 0.5)
@@ -128,13 +133,13 @@ def test_bad_input_is_refused_by_name(argv, named, capsys, tmp_path):
 def test_bad_preset_files_are_named(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("rungs: [[32, 3]]\ntokens_per_param: 20\nseeds: [0]\nlr: {base: 1e-3}\noverrides: []\n")
-    with pytest.raises(ladder.LadderError, match="multiple of 4"):
-        ladder.load_preset(str(bad))
+    with pytest.raises(ladder_plan.LadderError, match="multiple of 4"):
+        ladder_plan.load_preset(str(bad))
     bad.write_text(
         "rungs: [[32, 4], [48, 4]]\ntokens_per_param: 20\nseeds: [0]\nlr: {base: 1e-3}\noverrides: []\nx: 1\n"
     )
-    with pytest.raises(ladder.LadderError, match="unknown keys x"):
-        ladder.load_preset(str(bad))
+    with pytest.raises(ladder_plan.LadderError, match="unknown keys x"):
+        ladder_plan.load_preset(str(bad))
 
 
 def test_stability_columns_come_from_the_runs_metrics(tmp_path):
@@ -150,46 +155,46 @@ def test_stability_columns_come_from_the_runs_metrics(tmp_path):
 
 
 def test_decisions_sharing_an_arm_share_its_runs(tmp_path):
-    p = ladder.load_preset("cpu")
+    p = ladder_plan.load_preset("cpu")
     plans = {}
     for name in ("block_attnres", "latent_norm"):
-        d = ladder.load_decision(name)
-        plans[name] = ladder.plan(name, p, [], {arm: d[arm] for arm in ladder.ARMS})
+        d = ladder_plan.load_decision(name)
+        plans[name] = ladder_plan.plan(name, p, [], {arm: d[arm] for arm in ladder_plan.ARMS})
     variant = [{r.name for r in plans[n] if r.arm == "variant"} for n in plans]
     baseline = [{r.name for r in plans[n] if r.arm == "baseline"} for n in plans]
     assert variant[0] == variant[1]  # both decisions' variant is k3_small: the same runs
     assert not baseline[0] & baseline[1]  # their baselines differ, and so do their names
     assert all(n.startswith("k3_small-") for n in variant[0])
     # one folder per preset and command line: another override never reuses a run trained without it
-    here = ladder.runs_folder(tmp_path, p, [])
-    assert here == ladder.runs_folder(tmp_path, ladder.load_preset("cpu"), [])
-    assert here != ladder.runs_folder(tmp_path, p, ["data.seq_len=128"])
-    assert here != ladder.runs_folder(tmp_path, ladder.replace(p, tokens_per_param=10.0), [])
+    here = ladder_plan.runs_folder(tmp_path, p, [])
+    assert here == ladder_plan.runs_folder(tmp_path, ladder_plan.load_preset("cpu"), [])
+    assert here != ladder_plan.runs_folder(tmp_path, p, ["data.seq_len=128"])
+    assert here != ladder_plan.runs_folder(tmp_path, replace(p, tokens_per_param=10.0), [])
 
 
 def test_an_a_a_ladder_keeps_its_two_arms_apart():
-    p = ladder.load_preset("cpu")
-    runs = ladder.plan("aa", p, [], {"baseline": ["experiment=k3_small"], "variant": ["experiment=k3_small"]})
+    p = ladder_plan.load_preset("cpu")
+    runs = ladder_plan.plan("aa", p, [], {"baseline": ["experiment=k3_small"], "variant": ["experiment=k3_small"]})
     names = [r.name for r in runs]
     assert len(names) == len(set(names))
 
 
 def test_one_ladder_at_a_time_per_runs_folder(tmp_path):
     held = ladder._hold_runs_folder(tmp_path)
-    with pytest.raises(ladder.LadderError, match="another ladder is training in"):
+    with pytest.raises(ladder_plan.LadderError, match="another ladder is training in"):
         ladder._hold_runs_folder(tmp_path)
     held.close()
     ladder._hold_runs_folder(tmp_path).close()  # free again once the first ladder is done
 
 
 def test_the_time_estimate_schedules_phases_one_after_another():
-    p = ladder.load_preset("cpu")
-    d = ladder.load_decision("block_attnres")
-    runs = ladder.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder.ARMS})
-    rates = {r.name: ladder.Rate(tokens_per_s=1e4, overhead_s=10.0) for r in p.rungs}
+    p = ladder_plan.load_preset("cpu")
+    d = ladder_plan.load_decision("block_attnres")
+    runs = ladder_plan.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder_plan.ARMS})
+    rates = {r.name: Rate(tokens_per_s=1e4, overhead_s=10.0) for r in p.rungs}
     serial = sum(rates[r.rung.name].seconds((r.steps - (r.init_step or 0)) * r.size.tokens_per_step) for r in runs)
-    assert ladder.scheduled_seconds(runs, rates, 1) == pytest.approx(serial)
-    two = ladder.scheduled_seconds(runs, rates, 2)
+    assert ladder_plan.scheduled_seconds(runs, rates, 1) == pytest.approx(serial)
+    two = ladder_plan.scheduled_seconds(runs, rates, 2)
     assert serial / 2 <= two < serial  # two slots, but a phase's longest run still bounds it
 
 
@@ -213,7 +218,7 @@ def test_wide_rungs_add_heads_of_k3s_width_instead_of_widening_them():
         "64",
         "128",
     )
-    for rung in ladder.load_preset("gpu").rungs:
+    for rung in ladder_plan.load_preset("gpu").rungs:
         assert rung.n_heads * rung.head_dim == rung.d_model and rung.head_dim <= 128
     with pytest.raises(ValueError, match="multiple of 128"):
         Rung(1040, 8).check()
@@ -225,21 +230,21 @@ def test_the_best_rate_lies_between_sweep_points_where_the_losses_bend():
     factors = [0.5, 1.0, 2.0, 4.0, 8.0]
     for best in (1.5, 2.0, 2.9):
         trials = [(math.log(f), 2.0 + math.log(f / best) ** 2) for f in factors]
-        assert ladder.best_log_lr(trials) == pytest.approx(math.log(best))
+        assert ladder_plan.best_log_lr(trials) == pytest.approx(math.log(best))
     rising = [(math.log(f), 2.0 + f) for f in factors]
-    assert ladder.best_log_lr(rising) == math.log(0.5)  # the low edge stays the low edge
+    assert ladder_plan.best_log_lr(rising) == math.log(0.5)  # the low edge stays the low edge
     diverged = [(math.log(f), loss) for f, loss in zip(factors, [3.0, 2.5, 2.4, float("nan"), float("nan")])]
-    assert ladder.best_log_lr(diverged) == math.log(2.0)  # no finite neighbour above: the trial itself
-    assert ladder.best_log_lr(list(reversed(trials))) == ladder.best_log_lr(trials)  # order does not matter
+    assert ladder_plan.best_log_lr(diverged) == math.log(2.0)  # no finite neighbour above: the trial itself
+    assert ladder_plan.best_log_lr(list(reversed(trials))) == ladder_plan.best_log_lr(trials)  # order does not matter
 
 
 def test_two_rungs_whose_optima_differ_by_less_than_a_sweep_step_still_give_a_slope():
-    p = ladder.load_preset("cpu")
-    d = ladder.load_decision("block_attnres")
-    runs = ladder.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder.ARMS})
+    p = ladder_plan.load_preset("cpu")
+    d = ladder_plan.load_decision("block_attnres")
+    runs = ladder_plan.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder_plan.ARMS})
     swept = p.rungs[: p.lr_sweep_rungs]
     best = {swept[0].name: 2.8, swept[1].name: 1.6}  # both nearest to the factor 2 sweep point
-    chosen = ladder.choose_learning_rates(runs, _fake_lr_summaries(runs, best, p), p)
+    chosen = ladder_plan.choose_learning_rates(runs, _fake_lr_summaries(runs, best, p), p)
     rates, _ = chosen["variant"]
     assert rates[swept[0].name] == pytest.approx(p.lr_base * 2.8)
     assert rates[swept[1].name] == pytest.approx(p.lr_base * 1.6)
@@ -248,9 +253,10 @@ def test_two_rungs_whose_optima_differ_by_less_than_a_sweep_step_still_give_a_sl
 def test_runs_trained_at_another_rate_are_set_aside_not_reused(tmp_path, capsys):
     """A stable run finished at a rate the ladder no longer chooses (and a resumable copy of it) is
     renamed aside, so it is trained again; a run at the chosen rate stays."""
-    p = ladder.load_preset("cpu")
-    d = ladder.load_decision("block_attnres")
-    runs = [r for r in ladder.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder.ARMS}) if r.phase != "lr"]
+    p = ladder_plan.load_preset("cpu")
+    d = ladder_plan.load_decision("block_attnres")
+    planned = ladder_plan.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder_plan.ARMS})
+    runs = [r for r in planned if r.phase != "lr"]
     for run in runs:
         run.lr = 0.0123456789
     kept, stale = runs[0], runs[1]

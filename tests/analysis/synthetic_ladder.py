@@ -46,10 +46,10 @@ def ladder_of(rows: list[dict]) -> Ladder:
 
 
 def write_ladder_csv(path, rows: list[dict], decision: str = "block_attnres", stability: bool = True) -> None:
-    """``rows`` as a ladder table with every column of the schema (analysis/ladder.py)."""
+    """``rows`` as a ladder table with every column of the schema (analysis/ladder_report.py)."""
     import csv
 
-    from analysis.ladder import REQUIRED
+    from analysis.ladder_report import REQUIRED
 
     columns = [*REQUIRED, "lr_edge"]
     columns += ["max_activation", "grad_norm_spikes", "maxvio"] if stability else []

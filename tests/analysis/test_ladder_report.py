@@ -1,4 +1,4 @@
-"""``python -m analysis.ladder``: from a ladder table to ``fits.json``, ``table.md`` and the figures; a
+"""``python -m analysis.ladder_report``: from a ladder table to ``fits.json``, ``table.md`` and the figures; a
 table it cannot use is refused with one line naming the problem, exit status 2, and nothing written."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from analysis.ladder import FIGURES, main, read_rows
+from analysis.ladder_report import FIGURES, main, read_rows
 from runtime.cli import ToolError
 from tests.analysis.synthetic_ladder import synthetic_runs, write_ladder_csv
 from tests.helpers import run_python
@@ -135,7 +135,7 @@ def test_a_bad_table_is_refused_by_name_and_nothing_is_written(ladder_dir, capsy
     _broken(ladder_dir, edit)
     assert main([str(ladder_dir), "--bootstrap", "10"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("analysis.ladder: error: ") and message in err, err
+    assert err.count("\n") == 1 and err.startswith("analysis.ladder_report: error: ") and message in err, err
     assert sorted(p.name for p in ladder_dir.iterdir()) == ["ladder.csv"]
 
 
@@ -199,9 +199,9 @@ def test_the_module_runs_from_the_command_line_into_out(ladder_dir, tmp_path):
     """The CSV named instead of its folder, the outputs in --out, the loss in nats fitted instead."""
     out = tmp_path / "report" / "nested"
     argv = [str(ladder_dir / "ladder.csv"), "--bootstrap", "10", "--out", str(out), "--metric", "val_loss"]
-    proc = run_python("-m", "analysis.ladder", *argv, timeout=300)
+    proc = run_python("-m", "analysis.ladder_report", *argv, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "fits.json").read_text())["metric"] == "val_loss"
     assert not (ladder_dir / "fits.json").exists()
-    proc = run_python("-m", "analysis.ladder", str(ladder_dir / "missing.csv"), timeout=300)
+    proc = run_python("-m", "analysis.ladder_report", str(ladder_dir / "missing.csv"), timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "missing.csv" in proc.stderr

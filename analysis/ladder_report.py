@@ -1,7 +1,7 @@
 """The report of a scaling ladder: a decision's two arms trained at several sizes, fitted against compute
 (analysis/scaling_fit.py) and reported as a compute multiplier with its uncertainty.
 
-    python -m analysis.ladder LADDER_DIR_OR_CSV [--target-flops X] [--confidence 0.9] [--bootstrap N]
+    python -m analysis.ladder_report LADDER_DIR_OR_CSV [--target-flops X] [--confidence 0.9] [--bootstrap N]
         [--out DIR] [--metric val_bpb|val_loss] [--decision NAME] [--tokens-per-param X] [--seed 0]
 
 Reads the ladder table (``LADDER_DIR/ladder.csv``, or the CSV named) and writes into ``--out`` (default:
@@ -647,9 +647,9 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-@reports_errors("analysis.ladder")
+@reports_errors("analysis.ladder_report")
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="analysis.ladder", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="analysis.ladder_report", description=__doc__.splitlines()[0])
     p.add_argument("ladder", help=f"a ladder folder (holding {LADDER_FILE}) or the CSV itself")
     p.add_argument(
         "--target-flops",

@@ -1,0 +1,460 @@
+"""The plan of a scaling ladder: its definitions (decisions and presets), the size of every run, the runs
+themselves with their budgets and schedules, and the learning rates chosen from the rate sweep's losses.
+
+Nothing here trains, writes or starts a process (``sweeps/ladder.py`` does); it reads the decision and
+preset files and composes configurations to count parameters and FLOPs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from runtime.rate_probe import Rate
+from sweeps.ladder_rungs import Rung
+
+LADDERS = Path(__file__).resolve().parent / "ladders"
+PRESETS = LADDERS / "presets"
+ARMS = ("baseline", "variant")
+
+
+class LadderError(ValueError):
+    """A ladder or preset that cannot run; the message names the file and key."""
+
+
+# -- definitions ---------------------------------------------------------------------------------------
+def _names(folder: Path) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def _read(folder: Path, name: str, kind: str, allowed: tuple[str, ...], required: tuple[str, ...]) -> dict:
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        raise LadderError(f"{kind} '{name}' not found; {kind}s: {', '.join(_names(folder))}")
+    data = yaml.safe_load(path.read_text()) or {}
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise LadderError(f"{path.name}: unknown keys {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise LadderError(f"{path.name}: missing {', '.join(missing)}")
+    return data
+
+
+def decision_names() -> list[str]:
+    return _names(LADDERS)
+
+
+def load_decision(name: str) -> dict[str, Any]:
+    d = _read(LADDERS, name, "decision", ("description", *ARMS), ARMS)
+    for arm in ARMS:
+        if not isinstance(d[arm], list) or not all(isinstance(o, str) for o in d[arm]):
+            raise LadderError(f"{name}.yaml: {arm} must be a list of overrides")
+    return d
+
+
+@dataclass
+class Preset:
+    name: str
+    rungs: list[Rung]
+    tokens_per_param: float
+    branch_multiples: list[float]
+    seeds: list[int]
+    lr_base: float
+    lr_factors: list[float]
+    lr_sweep_rungs: int
+    warmup_fraction: float
+    decay_fraction: float
+    overrides: list[str]
+    # GPU presets: dry-run accounting composes with these instead of the data the runs read
+    accounting_overrides: list[str] = field(default_factory=list)
+    peak_flops: Optional[float] = None
+    mfu: Optional[float] = None
+    description: str = ""
+
+
+PRESET_KEYS = (
+    "description",
+    "rungs",
+    "tokens_per_param",
+    "branch_multiples",
+    "seeds",
+    "lr",
+    "warmup_fraction",
+    "decay_fraction",
+    "overrides",
+    "accounting_overrides",
+    "gpu",
+)
+
+
+def load_preset(name: str) -> Preset:
+    """A preset by name (``sweeps/ladders/presets/NAME.yaml``) or by the path of a YAML file."""
+    folder, stem = PRESETS, name
+    if name.endswith((".yaml", ".yml")):
+        folder, stem = Path(name).resolve().parent, Path(name).stem
+    required = ("rungs", "tokens_per_param", "seeds", "lr", "overrides")
+    p = _read(folder, stem, "preset", PRESET_KEYS, required)
+    where = f"presets/{name}.yaml" if folder == PRESETS else name
+    name = stem
+    rungs = [Rung(int(d), int(n)) for d, n in p["rungs"]]
+    for rung in rungs:
+        try:
+            rung.check()
+        except ValueError as err:
+            raise LadderError(f"{where}: rungs: {err}") from None
+    if len(rungs) < 2:
+        raise LadderError(f"{where}: rungs: a ladder needs at least 2 rungs")
+    lr = p["lr"]
+    tpp = float(p["tokens_per_param"])
+    branches = sorted(float(m) for m in p.get("branch_multiples") or [])
+    if any(not 0 < m < tpp for m in branches):
+        raise LadderError(f"{where}: branch_multiples must lie between 0 and tokens_per_param={tpp}")
+    gpu = p.get("gpu") or {}
+    preset = Preset(
+        name=name,
+        rungs=rungs,
+        tokens_per_param=tpp,
+        branch_multiples=branches,
+        seeds=[int(s) for s in p["seeds"]],
+        lr_base=float(lr["base"]),
+        lr_factors=sorted(float(f) for f in lr.get("factors", [1.0])),
+        lr_sweep_rungs=int(lr.get("sweep_rungs", 2)),
+        warmup_fraction=float(p.get("warmup_fraction", 0.05)),
+        decay_fraction=float(p.get("decay_fraction", 0.2)),
+        overrides=list(p["overrides"]),
+        accounting_overrides=list(p.get("accounting_overrides") or []),
+        peak_flops=float(gpu["peak_flops"]) if "peak_flops" in gpu else None,
+        mfu=float(gpu["mfu"]) if "mfu" in gpu else None,
+        description=p.get("description", ""),
+    )
+    if not 1 <= preset.lr_sweep_rungs <= len(rungs):
+        raise LadderError(f"{where}: lr.sweep_rungs must be between 1 and the number of rungs ({len(rungs)})")
+    return preset
+
+
+# -- accounting ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Size:
+    non_embedding_params: int
+    active_params: int
+    flops_per_token: float
+    tokens_per_step: int
+
+
+def account(overrides: list[str]) -> Size:
+    """Parameters, training FLOPs per token and tokens per step of a composition (built on meta)."""
+    from components.flop_count import parameter_counts, training_flops_per_token
+    from components.model import build_on_meta
+    from runtime.launch import compose, strip_hydra
+    from runtime.validation import validate
+
+    root = validate(strip_hydra(compose(overrides)))
+    model = build_on_meta(root.decoder_config())
+    params = parameter_counts(model)
+    seq_len = root.data.seq_len
+    flops = sum(training_flops_per_token(model, seq_len).values())
+    tokens_per_step = root.data.batch_size * seq_len * root.trainer.accumulate_grad_batches
+    return Size(params["non_embedding"], params["active"], flops, tokens_per_step)
+
+
+# -- the plan ------------------------------------------------------------------------------------------
+@dataclass
+class LadderRun:
+    name: str
+    phase: str  # lr | stable | branch
+    arm: str
+    rung: Rung
+    seed: int
+    tokens_per_param: float
+    steps: int
+    warmup: int
+    size: Size
+    lr_factor: Optional[float] = None  # lr phase: the factor of lr.base this run tries
+    lr: Optional[float] = None  # stable and branch runs: chosen after the lr phase
+    branch_of: Optional[str] = None
+    init_from: Optional[str] = None  # the stable run's folder, once it has finished
+    init_step: Optional[int] = None
+    checkpoint_every: Optional[int] = None
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.size.tokens_per_step
+
+    @property
+    def flops(self) -> float:
+        return self.tokens * self.size.flops_per_token
+
+    @property
+    def cost_flops(self) -> float:
+        """FLOPs this run itself spends (a branch starts at its init_step)."""
+        return (self.steps - (self.init_step or 0)) * self.size.tokens_per_step * self.size.flops_per_token
+
+
+def _steps(tokens_per_param: float, size: Size) -> int:
+    return max(1, math.ceil(tokens_per_param * size.active_params / size.tokens_per_step))
+
+
+def plan(decision: str, preset: Preset, extra: list[str], arms_overrides: dict[str, list[str]]) -> list[LadderRun]:
+    """Every run of the ladder, the learning rates of the stable and branch runs still open."""
+    from components.optim.schedules.wsd import decay_start  # the schedule the runs train under
+
+    runs: list[LadderRun] = []
+    arm_slugs = {arm: arm_slug(arms_overrides[arm]) for arm in ARMS}
+    if arm_slugs["baseline"] == arm_slugs["variant"]:  # an A/A ladder: the same runs twice would be one set
+        arm_slugs = {arm: f"{arm_slugs[arm]}-{arm}" for arm in ARMS}
+    smallest = preset.branch_multiples[0] if preset.branch_multiples else preset.tokens_per_param
+    for arm in ARMS:
+        for i, rung in enumerate(preset.rungs):
+            size = account(arm_overrides(arms_overrides[arm], rung, preset, extra, accounting=True))
+            total = _steps(preset.tokens_per_param, size)
+            warmup = max(1, round(preset.warmup_fraction * _steps(smallest, size)))
+            starts = []
+            for m in preset.branch_multiples:
+                branch_steps = _steps(m, size)
+                start = decay_start(branch_steps, warmup, preset.decay_fraction)
+                if start >= decay_start(total, warmup, preset.decay_fraction):
+                    raise LadderError(
+                        f"rung {rung.name}: the {m:g}-tokens-per-parameter branch would start inside the "
+                        "stable run's decay; use a smaller branch multiple"
+                    )
+                starts.append((m, branch_steps, start))
+            every = math.gcd(*[s for _, _, s in starts]) if starts else None
+            if i < preset.lr_sweep_rungs:
+                for f in preset.lr_factors:
+                    lr_steps = _steps(smallest, size)
+                    runs.append(
+                        LadderRun(
+                            f"{arm_slugs[arm]}-{rung.name}-lr{f:g}",
+                            "lr",
+                            arm,
+                            rung,
+                            preset.seeds[0],
+                            smallest,
+                            lr_steps,
+                            warmup,
+                            size,
+                            lr_factor=f,
+                        )
+                    )
+            for seed in preset.seeds:
+                stable = f"{arm_slugs[arm]}-{rung.name}-s{seed}"
+                runs.append(
+                    LadderRun(
+                        stable,
+                        "stable",
+                        arm,
+                        rung,
+                        seed,
+                        preset.tokens_per_param,
+                        total,
+                        warmup,
+                        size,
+                        checkpoint_every=every,
+                    )
+                )
+                for m, branch_steps, start in starts:
+                    runs.append(
+                        LadderRun(
+                            f"{stable}-tpp{m:g}",
+                            "branch",
+                            arm,
+                            rung,
+                            seed,
+                            m,
+                            branch_steps,
+                            warmup,
+                            size,
+                            branch_of=stable,
+                            init_step=start,
+                        )
+                    )
+    return runs
+
+
+def arm_slug(arm: list[str]) -> str:
+    """A run-name stem that says what an arm trains (``experiment=k3_small`` -> ``k3_small``): runs are
+    named by what they train, so two decisions that share an arm share its runs."""
+    parts = [o.split("=", 1)[1] if o.startswith("experiment=") else o for o in arm]
+    slug = re.sub(r"[^A-Za-z0-9_.=+-]", "_", "+".join(parts)) or "default"
+    if len(slug) > 60:
+        slug = slug[:48] + "-" + hashlib.sha1(slug.encode()).hexdigest()[:8]
+    return slug
+
+
+def runs_folder(output_root: Path, preset: Preset, extra: list[str]) -> Path:
+    """Where a preset's runs live, shared by every decision trained at it: ``ladders/runs-<preset>-<hash>``,
+    the hash over everything that shapes a run (the preset's settings and the command line's overrides),
+    so a changed preset or override never reuses a run trained under the old one."""
+    identity = {k: v for k, v in asdict(preset).items() if k not in ("name", "description")}
+    identity["extra"] = list(extra)
+    digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return output_root / "ladders" / f"runs-{preset.name}-{digest}"
+
+
+def arm_overrides(arm: list[str], rung: Rung, preset: Preset, extra: list[str], accounting: bool = False) -> list[str]:
+    """The arm's overlay, the preset's settings, the rung's sizes, then the command line's: one override
+    per key, the last given winning."""
+    from runtime.sweep_job import split_override
+
+    base = preset.overrides + (preset.accounting_overrides if accounting else [])
+    merged: dict[str, str] = {}
+    for override in [*arm, *base, *rung.overrides(), *extra]:
+        merged[split_override(override)[0]] = override
+    return list(merged.values())
+
+
+def run_overrides(run: LadderRun, arm: list[str], preset: Preset, extra: list[str], runs_dir: Path) -> list[str]:
+    """The ``train.py`` overrides of one run of the ladder."""
+    lr = run.lr if run.lr is not None else preset.lr_base * (run.lr_factor or 1.0)
+    out = [
+        *arm_overrides(arm, run.rung, preset, []),
+        "schedule=wsd",
+        f"schedule.decay_fraction={preset.decay_fraction}",
+        f"optimizer.lr={lr:.6g}",
+        f"optimizer.warmup_steps={run.warmup}",
+        f"trainer.max_steps={run.steps}",
+        # validation at the end only: the same validation bytes score every run of the ladder
+        f"trainer.val_check_interval={run.steps}",
+        "trainer.max_time_minutes=null",
+        f"seed={run.seed}",
+        f"name={run.name}",
+        "ckpt_path=last",
+    ]
+    if run.checkpoint_every:
+        out += [f"trainer.checkpoint_every_n_steps={run.checkpoint_every}", "trainer.keep_last_checkpoints=null"]
+    if run.branch_of:
+        out += [f"init_from={run.init_from or runs_dir / run.branch_of}", f"init_step={run.init_step}"]
+    return [*out, *extra]
+
+
+def _val_loss(summary: dict[str, Any]) -> float:
+    return float(summary["val"]["loss"])
+
+
+def best_log_lr(trials: list[tuple[float, float]]) -> float:
+    """The best log learning rate of a sweep's ``(log lr, loss)`` trials: the vertex of the parabola
+    through the best trial and its two neighbours, kept between those neighbours (a sweep of factors 2
+    apart would otherwise round the optimum to a factor of 2, and two rungs whose optima differ by less
+    would look equal: a rate fitted flat across sizes). At an edge of the sweep, or where the three do not
+    bend upwards, the best trial itself."""
+    ordered = sorted(trials)
+    losses = [loss if math.isfinite(loss) else math.inf for _, loss in ordered]
+    i = min(range(len(ordered)), key=lambda j: (losses[j], j))
+    if i == 0 or i == len(ordered) - 1 or not math.isfinite(losses[i - 1] + losses[i + 1]):
+        return ordered[i][0]
+    (x0, y0), (x1, y1), (x2, y2) = ordered[i - 1], ordered[i], ordered[i + 1]
+    # the parabola's vertex through three points (Newton's divided differences)
+    d01, d12 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
+    curvature = (d12 - d01) / (x2 - x0)
+    if curvature <= 0:
+        return x1
+    vertex = 0.5 * (x0 + x1) - d01 / (2 * curvature)
+    return min(max(vertex, x0), x2)
+
+
+def choose_learning_rates(
+    runs: list[LadderRun], summaries: dict[str, dict[str, Any]], preset: Preset
+) -> dict[str, tuple[dict[str, float], dict[str, str]]]:
+    """Per arm: ({rung name: learning rate}, {swept rung name: "low" / "high" where its best rate sat at
+    that edge of the sweep, else ""}). The best rate at each swept rung (``best_log_lr``: between sweep
+    points where the losses bend) is fitted as ``log lr = a + b log N`` (N active parameters) and applied
+    to every rung."""
+    out = {}
+    for arm in ARMS:
+        swept = {}
+        for run in runs:
+            if run.phase == "lr" and run.arm == arm and run.name in summaries:
+                swept.setdefault(run.rung.name, []).append((_val_loss(summaries[run.name]), run.lr_factor, run))
+        points, edges = [], {}
+        for rung_name, trials in swept.items():
+            loss, factor, run = min(trials, key=lambda t: (t[0], t[1]))
+            if not math.isfinite(loss):
+                raise LadderError(f"{arm} at {rung_name}: every learning rate of the sweep diverged")
+            log_lr = best_log_lr([(math.log(preset.lr_base * f), loss) for loss, f, _ in trials])
+            points.append((math.log(run.size.active_params), log_lr))
+            edges[rung_name] = ""  # inside the sweep, or the edge it sits at (analysis.ladder_report flags it)
+            if len(preset.lr_factors) > 1 and factor == preset.lr_factors[0]:
+                edges[rung_name] = "low"
+            elif len(preset.lr_factors) > 1 and factor == preset.lr_factors[-1]:
+                edges[rung_name] = "high"
+        if not points:
+            raise LadderError(f"{arm}: no finished learning-rate runs")
+        if len(points) == 1:
+            slope, intercept = 0.0, points[0][1]
+        else:
+            xs, ys = zip(*points)
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            sxx = sum((x - mx) ** 2 for x in xs)
+            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+            intercept = my - slope * mx
+        rates = {}
+        for run in runs:
+            if run.arm == arm and run.phase != "lr":
+                rates[run.rung.name] = math.exp(intercept + slope * math.log(run.size.active_params))
+        out[arm] = (rates, edges)
+    return out
+
+
+def _fmt_seconds(s: float) -> str:
+    return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min"
+
+
+def print_plan(runs: list[LadderRun], preset: Preset, rates: dict[str, Rate], jobs: int) -> None:
+    gpu = preset.peak_flops is not None and preset.mfu is not None
+    print(
+        f"{'run':<44} {'phase':<6} {'non-emb':>10} {'active':>10} {'tokens':>12} {'FLOPs':>10} "
+        + ("GPU-hours" if gpu else "est. time")
+    )
+    total_flops, total_seconds = 0.0, 0.0
+    for run in runs:
+        total_flops += run.cost_flops
+        if gpu:
+            hours = run.cost_flops / (preset.peak_flops * preset.mfu) / 3600
+            est = f"{hours:.2f}"
+            total_seconds += hours * 3600
+        elif run.rung.name in rates:
+            seconds = rates[run.rung.name].seconds((run.steps - (run.init_step or 0)) * run.size.tokens_per_step)
+            total_seconds += seconds
+            est = _fmt_seconds(seconds)
+        else:
+            est = "-"
+        lr = f" lr x{run.lr_factor:g}" if run.lr_factor is not None else ""
+        print(
+            f"{run.name:<44} {run.phase:<6} {run.size.non_embedding_params:>10,} {run.size.active_params:>10,} "
+            f"{run.tokens:>12,} {run.cost_flops:>10.2e} {est}{lr}"
+        )
+    print(f"{len(runs)} runs, {total_flops:.3e} training FLOPs in all")
+    if gpu:
+        print(
+            f"GPU-hours: {total_seconds / 3600:.1f} at {preset.peak_flops:.3g} FLOP/s peak and "
+            f"{100 * preset.mfu:.0f}% MFU"
+        )
+    elif rates:
+        rate_text = ", ".join(f"{k} {v.tokens_per_s:,.0f} tokens/s + {v.overhead_s:.0f} s" for k, v in rates.items())
+        print(
+            f"estimated time with --jobs {jobs}: {_fmt_seconds(scheduled_seconds(runs, rates, jobs))} "
+            f"({_fmt_seconds(total_seconds)} of runs; per rung and job, as measured with {jobs} at once: "
+            f"{rate_text} a run)"
+        )
+
+
+def scheduled_seconds(runs: list[LadderRun], rates: dict[str, Rate], jobs: int) -> float:
+    """Wall time of the ladder: each phase waits for the one before (the learning rates, then the stable
+    runs the branches start from), and within a phase runs start in plan order as slots free up."""
+    total = 0.0
+    for phase in ("lr", "stable", "branch"):
+        slots = [0.0] * max(1, jobs)
+        for run in runs:
+            if run.phase == phase and run.rung.name in rates:
+                i = slots.index(min(slots))
+                slots[i] += rates[run.rung.name].seconds((run.steps - (run.init_step or 0)) * run.size.tokens_per_step)
+        total += max(slots)
+    return total
