@@ -1,10 +1,15 @@
-"""Refuse, before anything is written, a training run whose weights cannot fit on this machine.
+"""Refuse, before anything is written, a training run whose weights cannot fit on this machine, and name the
+mesh that would fit it.
 
-The floor counted: fp32 weights, fp32 gradients and the optimizer state (AdamW: two moments; Muon: one
-momentum for its matrices, two moments for the rest; counted as two) -- 16 bytes per parameter, from a
-meta-device build (no memory allocated). Activations come on top, so passing the check is necessary,
-not sufficient; failing it means the run would die of out-of-memory while materialising the model.
-Fully sharded training (``trainer.strategy=fsdp``) divides the floor across all devices of all nodes.
+The floor counted (``runtime/memory_accounting.py``, from a meta-device build: no memory allocated): fp32
+weights, fp32 gradients and the optimizer state -- AdamW two fp32 moments per parameter; Muon one momentum
+on the matrices it orthogonalises and AdamW's two on the rest. Under ``trainer.strategy=fsdp2`` that state
+is sharded over every rank of every node (routed experts over the ``trainer.expert_parallel`` groups as
+whole experts) and each GPU must also hold the largest FSDP unit all-gathered, in the compute dtype; the
+comparison is per GPU. Activations and buffers come on top, so passing the check is necessary, not
+sufficient (``python -m analysis.parallel_plan`` estimates them); failing it means the run would die of
+out-of-memory while materialising or gathering the model. A refusal names the smallest mesh whose whole
+plan fits, from the same accounting.
 
 The check runs in every process (the ranks Lightning spawns, and every torchrun / srun rank, re-run
 train.py), before any rank is bound to its GPU. So it reads a GPU's size without creating a CUDA context,
@@ -21,17 +26,20 @@ from typing import Any, Mapping, Optional
 import torch
 
 from components.registry import ConfigError
+from runtime import memory_accounting as accounting
 
-BYTES_PER_PARAM = 16  # weight + gradient + two optimizer moments, fp32
+GPUS_PER_NODE = 8  # the node a refusal's suggestion assumes when the run does not say (a CPU run)
 
 
-def training_floor_bytes(root: Any) -> tuple[int, int]:
-    """(bytes, parameters) of weights + gradients + optimizer state for ``root``'s model."""
-    from components.model import build_on_meta
+def expert_parallel_size(trainer: Any) -> int:
+    """``trainer.expert_parallel`` (1: experts sharded like every other parameter)."""
+    return int(getattr(trainer, "expert_parallel", 1) or 1)
 
-    model = build_on_meta(root.decoder_config())
-    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    return n * BYTES_PER_PARAM, n
+
+def training_floor_bytes(root: Any, inv: Optional[accounting.Inventory] = None) -> tuple[int, int]:
+    """(bytes, parameters) of weights + gradients + optimizer state for ``root``'s model on one device."""
+    inv = inv or accounting.inventory_for(root)
+    return accounting.floor_bytes(inv)["state"], inv.total_params
 
 
 def _mem_available_bytes() -> Optional[int]:
@@ -72,8 +80,20 @@ def local_device_index(devices: Any, visible: int, env: Mapping[str, str] = os.e
     return index % visible if visible > 0 and index >= visible else index
 
 
+def sharded_ranks(trainer: Any, visible: int) -> int:
+    """Ranks ``trainer.strategy=fsdp2`` shards the model over (every device of every node); 1 otherwise."""
+    if trainer.strategy != "fsdp2":
+        return 1
+    if isinstance(trainer.devices, (list, tuple)):
+        devices = len(trainer.devices)
+    else:
+        devices = trainer.devices if isinstance(trainer.devices, int) and trainer.devices > 0 else max(visible, 1)
+    return devices * trainer.num_nodes
+
+
 def available_bytes(root: Any) -> tuple[Optional[int], str]:
-    """Memory one copy of the model may use, and where (None: unknown, the check is skipped)."""
+    """Memory one rank's share of the model may use, and where (None: unknown, the check is skipped): one
+    GPU's total memory on a GPU run, sharded or not; host RAM otherwise."""
     t = root.trainer
     if is_gpu_run(t.accelerator):
         if not torch.cuda.is_available():
@@ -88,33 +108,100 @@ def available_bytes(root: Any) -> tuple[Optional[int], str]:
         # only for this rank's own index keeps even that to the device the rank will use anyway. Total
         # memory is what mem_get_info(...)[1] returned, so the comparison is unchanged.
         per_device = torch.cuda.get_device_properties(index).total_memory
-        if isinstance(t.devices, (list, tuple)):
-            devices = len(t.devices)
-        else:
-            devices = t.devices if isinstance(t.devices, int) and t.devices > 0 else visible
-        shards = devices * t.num_nodes if "fsdp" in str(t.strategy) else 1
-        return (
-            per_device * shards,
-            f"on {'the ' + str(shards) + ' sharded GPUs' if shards > 1 else 'one GPU'} ({per_device / 2**30:.1f} GiB "
-            "each)",
+        shards = sharded_ranks(t, visible)
+        where = (
+            f"of each of the {shards} sharded GPUs" if shards > 1 else f"on one GPU ({per_device / 2**30:.1f} GiB each)"
         )
-    available = _mem_available_bytes()
-    return available, "of memory available on this machine"
+        return per_device, where
+    return _mem_available_bytes(), "of memory available on this machine"
+
+
+def _gpus_per_node(trainer: Any) -> int:
+    if isinstance(trainer.devices, (list, tuple)):
+        return len(trainer.devices)
+    if isinstance(trainer.devices, int) and trainer.devices > 0 and is_gpu_run(trainer.accelerator):
+        return trainer.devices
+    return GPUS_PER_NODE
+
+
+def mesh_overrides(plan: accounting.MemoryPlan, gpus_per_node: int) -> str:
+    """The trainer overrides that train on ``plan``'s mesh."""
+    nodes, per_node = (plan.gpus // gpus_per_node, gpus_per_node) if plan.gpus >= gpus_per_node else (1, plan.gpus)
+    out = f"trainer=fsdp2 trainer.devices={per_node} trainer.num_nodes={nodes}"
+    if plan.ep > 1:
+        out += f" trainer.expert_parallel={plan.ep}"
+    if plan.activation_checkpointing:
+        out += " trainer.activation_checkpointing=true"
+    return out
+
+
+def suggest_mesh(root: Any, inv: accounting.Inventory, capacity: Optional[int]) -> str:
+    """One sentence naming the smallest mesh whose whole plan fits (GPUs of ``capacity`` bytes; None: a CPU
+    run, for which H100 and H200 nodes are named)."""
+    t = root.trainer
+    seq = root.data.seq_len
+    per_node = _gpus_per_node(t)
+    if capacity is None:
+        gpus = [(gpu.name, gpu.memory_bytes, "bf16-mixed") for gpu in accounting.GPUS.values()]
+    else:
+        precision = t.precision if t.precision in ("32-true", "32", "bf16-mixed", "bf16-true") else "bf16-mixed"
+        gpus = [(f"{capacity / 2**30:.1f} GiB GPUs", capacity, precision)]
+    parts = []
+    for name, memory, precision in gpus:
+        fit = accounting.smallest_fit(inv, memory, seq, 1, precision, per_node)
+        if fit is None:
+            parts.append(f"no mesh of {name} up to 16,384 GPUs fits it at data.seq_len={seq}")
+        else:
+            parts.append(f"on {name}, {fit.gpus:,} GPUs: {mesh_overrides(fit, per_node)}")
+    return (
+        f"The smallest mesh that fits it (micro-batch 1, activations included; python -m analysis.parallel_plan "
+        f"<same overrides> --gpu h100|h200 --seq {seq}): " + "; ".join(parts) + "."
+    )
 
 
 def check_fits(root: Any) -> None:
-    """Raise ConfigError naming the model when its training floor exceeds the memory available."""
-    if not root.trainer.memory_check:
+    """Raise ConfigError naming the model, and the mesh that would fit it, when its floor exceeds the
+    memory of one rank."""
+    t = root.trainer
+    if not t.memory_check:
         return
     available, where = available_bytes(root)
     if available is None:
         return
-    need, n = training_floor_bytes(root)
-    if need > available:
-        raise ConfigError(
-            "model",
-            f"training this model needs at least {need / 2**30:,.1f} GiB for weights, gradients and optimizer state "
-            f"({n:,} parameters x {BYTES_PER_PARAM} B), more than the {available / 2**30:,.1f} GiB {where}. "
-            "Inspect it without training: python -m analysis.model_report <same overrides>; or train a scaled-down "
-            "configuration (e.g. experiment=k3_small); trainer.memory_check=false skips this check",
+    gpu = is_gpu_run(t.accelerator)
+    shards = sharded_ranks(t, torch.cuda.device_count()) if gpu else 1
+    if shards == 1:
+        need, n = training_floor_bytes(root)
+        if need <= available:
+            return
+        inv = accounting.inventory_for(root)
+        what = (
+            f"training this model needs at least {need / 2**30:,.1f} GiB for weights, gradients and optimizer "
+            f"state ({n:,} parameters: fp32 weights and gradients, {_state_words(inv)})"
         )
+    else:
+        inv = accounting.inventory_for(root)
+        ep = expert_parallel_size(t)
+        floor = accounting.floor_bytes(inv, shards, ep, t.precision)
+        if floor["total"] <= available:
+            return
+        unit = accounting.gathered_peak(inv, ep)["largest_unit"]
+        what = (
+            f"training this model needs at least {floor['total'] / 2**30:,.1f} GiB per GPU on {shards} sharded GPUs "
+            f"(expert_parallel {ep}): {floor['state'] / 2**30:,.1f} GiB of weights, gradients and optimizer state "
+            f"({inv.total_params:,} parameters sharded: fp32 weights and gradients, {_state_words(inv)}) and "
+            f"{floor['largest_unit'] / 2**30:,.1f} GiB for its largest unit ({unit}) all-gathered"
+        )
+    suggestion = suggest_mesh(root, inv, available if gpu else None)
+    raise ConfigError(
+        "model",
+        f"{what}, more than the {available / 2**30:,.1f} GiB {where}. {suggestion} "
+        "Inspect it without training: python -m analysis.model_report <same overrides>; or train a scaled-down "
+        "configuration (e.g. experiment=k3_small); trainer.memory_check=false skips this check",
+    )
+
+
+def _state_words(inv: accounting.Inventory) -> str:
+    if inv.muon_params:
+        return f"Muon's fp32 momentum on {inv.muon_params:,} matrix parameters, AdamW's two moments on the rest"
+    return "AdamW's two fp32 moments"

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import re
 import types
 
 import pytest
 import torch
 
+from components.model import build_on_meta
+from runtime import memory_accounting as accounting
 from runtime import memory_check
 from tests.helpers import compose_root, run_train
 
@@ -20,19 +24,63 @@ def test_k3_full_is_refused_before_any_output(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_floor_counts_parameters_and_respects_the_switch(monkeypatch):
+def _matrix_params_muon_updates(root) -> int:
+    from components.optim.param_groups import muon_partition
+
+    model = build_on_meta(root.decoder_config())
+    muon, _ = muon_partition(model, root.optimizer.per_head, root.optimizer.per_head_scope)
+    return sum(p.numel() for _, p, _ in muon)
+
+
+def test_floor_counts_weights_gradients_and_each_optimizers_state():
+    """fp32 weights and gradients (8 B), AdamW's two moments (8 B) on every parameter; Muon's one momentum
+    (4 B) on the matrices it orthogonalises and AdamW's two on the rest."""
+    adamw = compose_root("model=tiny", "optimizer=adamw")
+    need, n = memory_check.training_floor_bytes(adamw)
+    model = build_on_meta(adamw.decoder_config())
+    assert n == sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) > 0
+    assert need == 16 * n
+    muon = compose_root("model=tiny", "optimizer=muon")
+    matrices = _matrix_params_muon_updates(muon)
+    assert 0 < matrices < n
+    assert memory_check.training_floor_bytes(muon) == (16 * n - 4 * matrices, n)
+
+
+def test_floor_is_refused_above_the_memory_and_respects_the_switch(monkeypatch):
     root = compose_root("model=tiny")
     need, n = memory_check.training_floor_bytes(root)
-    assert need == 16 * n and n > 0
     monkeypatch.setattr(memory_check, "_mem_available_bytes", lambda: need - 1)
-    try:
+    with pytest.raises(memory_check.ConfigError) as err:
         memory_check.check_fits(root)
-        raise AssertionError("expected a ConfigError")
-    except memory_check.ConfigError as err:
-        assert err.key == "model"
+    assert err.value.key == "model" and f"{n:,} parameters" in str(err.value)
     memory_check.check_fits(compose_root("model=tiny", "trainer.memory_check=false"))
     monkeypatch.setattr(memory_check, "_mem_available_bytes", lambda: need)
     memory_check.check_fits(root)
+
+
+def test_refusal_names_the_smallest_mesh_that_fits_on_h100_and_h200(monkeypatch):
+    """k3_full on a CPU: the message names, for each GPU kind, a mesh whose whole plan fits, and the same
+    (ep, checkpointing) one node smaller does not."""
+    root = compose_root("experiment=k3_full")
+    monkeypatch.setattr(memory_check, "_mem_available_bytes", lambda: 64 * GiB)
+    with pytest.raises(memory_check.ConfigError) as err:
+        memory_check.check_fits(root)
+    message = str(err.value)
+    inv = accounting.inventory_for(root)
+    for gpu in accounting.GPUS.values():
+        found = re.search(
+            rf"on {gpu.name}, ([\d,]+) GPUs: trainer=fsdp2 trainer.devices=8 trainer.num_nodes=(\d+)"
+            rf"( trainer.expert_parallel=(\d+))?( trainer.activation_checkpointing=true)?",
+            message,
+        )
+        assert found, message
+        gpus, nodes = int(found.group(1).replace(",", "")), int(found.group(2))
+        ep, ac = int(found.group(4) or 1), bool(found.group(5))
+        assert gpus == 8 * nodes
+        mesh = accounting.Mesh(gpus, ep, ac, 1, root.data.seq_len)
+        assert accounting.plan(inv, mesh, gpu.memory_bytes).fits
+        smaller = accounting.Mesh(gpus - 8 * ep // math.gcd(8, ep), ep, ac, 1, root.data.seq_len)
+        assert not accounting.plan(inv, smaller, gpu.memory_bytes).fits
 
 
 # -- which device the check reads, and how (issue 20) ----------------------------------------------------
@@ -196,12 +244,22 @@ def test_auto_without_a_gpu_and_cpu_runs_use_host_ram_and_no_cuda(monkeypatch):
     assert cuda.calls == []
 
 
-def test_fully_sharded_gpu_run_counts_every_device(monkeypatch):
+def test_fully_sharded_gpu_run_compares_each_gpu_with_its_shard_and_largest_unit(monkeypatch):
     root = compose_root(
         "model=tiny", "trainer.accelerator=gpu", "trainer.devices=2", "trainer.num_nodes=2", "trainer.strategy=fsdp2"
     )
     _as_rank(monkeypatch, 1)
     cuda = FakeCuda(monkeypatch, count=2, total=10 * GiB)
-    available, where = memory_check.available_bytes(root)
-    assert available == 40 * GiB and "4 sharded GPUs" in where
+    assert memory_check.available_bytes(root) == (10 * GiB, "of each of the 4 sharded GPUs")
     assert cuda.touched() == {1}
+    whole, _ = memory_check.training_floor_bytes(root)
+    floor = accounting.floor_bytes(accounting.inventory_for(root), 4, 1, root.trainer.precision)
+    # a quarter of the state each (FSDP2 pads dimension 0 to the group, so a little more), plus one unit
+    assert whole / 4 <= floor["state"] < whole / 4 * 1.05 and floor["largest_unit"] > 0
+    FakeCuda(monkeypatch, count=2, total=floor["total"])
+    memory_check.check_fits(root)
+    FakeCuda(monkeypatch, count=2, total=floor["total"] - 1)
+    with pytest.raises(
+        memory_check.ConfigError, match=r"per GPU on 4 sharded GPUs .* largest unit \((embed|lm_head|layers\.\d+)\)"
+    ):
+        memory_check.check_fits(root)
