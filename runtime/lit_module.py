@@ -68,9 +68,9 @@ class LanguageModelModule(L.LightningModule):
             self.model.set_activation_checkpointing(True)
         if self.cfg.trainer.strategy != "fsdp2" or getattr(self, "_sharded", False):
             return
-        from runtime.strategies import shard_fsdp2
+        from runtime.strategies import mixed_precision_policy, shard_fsdp2
 
-        shard_fsdp2(self.model, self.device_mesh["data_parallel"])
+        shard_fsdp2(self.model, self.device_mesh["data_parallel"], mixed_precision_policy(self.cfg.trainer.precision))
         self._set_hidden()  # the sharded model's hook-wrapped method
         self._sharded = True
 
