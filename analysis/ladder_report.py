@@ -122,10 +122,14 @@ def _number(row: dict, column: str, line: int, name: str, optional: bool = False
 
 
 def read_rows(
-    path: Path, decision: Optional[str] = None, tokens_per_param: Optional[float] = None
+    path: Path,
+    decision: Optional[str] = None,
+    tokens_per_param: Optional[float] = None,
+    minimum_rungs: Optional[dict[str, int]] = None,
 ) -> tuple[str, list[dict[str, Any]]]:
     """The decision and its runs, checked: every required column, numbers where numbers belong, one row
-    per (arm, rung, seed), both arms with at least two rungs. A ``ToolError`` names the first problem."""
+    per (arm, rung, seed), each arm with at least ``minimum_rungs[arm]`` rungs (2 for a ladder). A
+    ``ToolError`` names the first problem."""
     name = path.name
     try:
         with open(path, newline="") as f:
@@ -194,9 +198,11 @@ def read_rows(
         seen[key] = r["line"]
     for arm in ARMS:
         rungs = sorted({r["rung"] for r in rows if r["arm"] == arm})
-        if len(rungs) < 2:
+        need = (minimum_rungs or {}).get(arm, 2)
+        if len(rungs) < need:
             listed = f" ({', '.join(rungs)})" if rungs else ""
-            raise ToolError(f"{name}: the {arm} has {len(rungs)} rung(s){listed}; a ladder needs at least 2")
+            what = "a ladder" if minimum_rungs is None else "this table"
+            raise ToolError(f"{name}: the {arm} has {len(rungs)} rung(s){listed}; {what} needs at least {need}")
     return decision, rows
 
 
@@ -289,7 +295,7 @@ def markdown_report(decision: str, metric: str, cells: list[dict], comparison: C
         f"{s['bootstrap']} bootstrap replicates ({s['bootstrap_method']} resampled"
         + (", paired across arms" if s["paired_rungs"] else "")
         + f"), widened x{s['t_widening']:.3g} for {s['degrees_of_freedom']} seed degrees of freedom; "
-        f"Huber delta {s['huber_delta']:g} on log residuals.\n",
+        f"Huber delta {s['huber_delta']:.3g} on log residuals ({s['huber_delta_note']}).\n",
         "## Runs per arm and rung\n",
     ]
     edge_column = any("lr_edge" in c for c in cells)
@@ -347,38 +353,35 @@ def markdown_report(decision: str, metric: str, cells: list[dict], comparison: C
 
     parts.append("\n## Rollout check\n")
     ro = s["rollout"]
+    held = ", ".join(f"the {arm}'s {rung}" for arm, rung in ro["held_out"].items() if rung is not None)
     parts.append(
-        f"Fitted without the largest rung ({ro['held_out_rung']}), which is then predicted. A fit misses when "
-        f"the {ro.get('confidence', scaling_fit.ROLLOUT_CONFIDENCE):.0%} bootstrap interval of an arm's error "
-        "(seeds resampled, the smaller rungs refitted) excludes zero: its statistics keep their numbers but "
-        "call no sign.\n\n"
+        f"Each arm's largest rung ({held}) is predicted by each two-arm fit of the rungs below it. A fit misses "
+        f"when the {ro['confidence']:.0%} bootstrap interval of an arm's error (seeds resampled, the smaller "
+        "rungs refitted) excludes zero; a check that cannot run for an arm withholds as a miss does.\n\n"
     )
     rows = []
     for model in ("shared", "free"):
         entry = ro[model]
-        if entry["status"] != "ok":
-            rows.append([model, "—", "—", "—", "—", "—", "—", "—", entry["reason"]])
-            continue
-        check = {True: "**misses**", False: "passes", None: "no bootstrap"}[entry.get("misses")]
         for arm in ARMS:
-            if arm in entry:
-                e = entry[arm]
-                lo_hi = e.get("error_interval")
-                rows.append(
-                    [
-                        model,
-                        arm,
-                        f"{e['predicted']:.4f}",
-                        f"{e['observed']:.4f}",
-                        _signed(e["error"]),
-                        f"[{_signed(lo_hi[0])}, {_signed(lo_hi[1])}]" if lo_hi else "—",
-                        _g(e["seed_spread"], 2),
-                        _g(e["error_in_spreads"], 2),
-                        check,
-                    ]
-                )
-    header = ["fit", "arm", "predicted", "observed", "error", "error interval", "seed sd", "|error| / sd"]
-    parts.append(_table(header + ["check"], rows))
+            e = entry.get(arm, {})
+            lo_hi = e.get("error_interval")
+            check = {True: "**misses**", False: "passes"}.get(e.get("misses"), f"not run: {e.get('reason', '')}")
+            rows.append(
+                [
+                    model,
+                    arm,
+                    e.get("held_out_rung", "—"),
+                    f"{e['predicted']:.4f}" if "predicted" in e else "—",
+                    f"{e['observed']:.4f}" if "observed" in e else "—",
+                    _signed(e.get("error")),
+                    f"[{_signed(lo_hi[0])}, {_signed(lo_hi[1])}]" if lo_hi else "—",
+                    _g(e.get("seed_spread"), 2),
+                    _g(e.get("error_in_spreads"), 2),
+                    check,
+                ]
+            )
+    header = ["fit", "arm", "held out", "predicted", "observed", "error", "error interval", "seed sd"]
+    parts.append(_table(header + ["|error| / sd", "check"], rows))
 
     parts.append("\n## A/A null\n")
     aa = s["aa"]
@@ -386,11 +389,19 @@ def markdown_report(decision: str, metric: str, cells: list[dict], comparison: C
         covers = aa.get("covers_1")
         covers_text = {True: "covers 1, as it must", False: "**does not cover 1**", None: "no interval"}[covers]
         parts.append(
-            f"Baseline seeds split in two halves posing as two arms ({aa['bootstrap_method']} resampled): "
-            f"k = {_estimate(aa['k'])}: {covers_text}.\n"
+            f"Baseline seeds split in two halves posing as two arms ({aa['bootstrap_method']} resampled), at "
+            f"{aa['confidence']:.0%}: k = {_estimate(aa['k'])}: {covers_text}.\n"
         )
     else:
         parts.append(f"Not run: {aa['reason']}.\n")
+
+    parts.append("\n## Guards on the fitted verdicts\n")
+    parts.append(
+        "A fitted statistic (k, the exponent difference, the extrapolations) names a sign only where every "
+        "guard passed; the fit-free multipliers per rung do not rest on a fit and keep theirs.\n\n"
+    )
+    rows = [[name, "passed" if g["passed"] else f"**withholds**: {g['reason']}"] for name, g in s["guards"].items()]
+    parts.append(_table(["guard", "result"], rows))
 
     parts.append("\n## Extrapolation\n")
     rows = []
@@ -664,7 +675,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=0.9,
         help="interval level (default 0.9)",
     )
-    p.add_argument("--bootstrap", type=int_at_least(10), default=1000, help="bootstrap replicates (default 1000)")
+    p.add_argument(
+        "--bootstrap",
+        type=int_at_least(1),
+        default=1000,
+        help="bootstrap replicates (default 1000; at least 5 beyond each end of an interval: 100 at 90%%, 1000 at "
+        "99%%, and 1000 for the 99%% rollout check and A/A null, without which no fitted verdict is called)",
+    )
     p.add_argument("--out", type=new_output_path, default=None, help="output folder (default: the ladder's folder)")
     p.add_argument("--metric", choices=METRICS, default="val_bpb", help="the column fitted (default val_bpb)")
     p.add_argument("--decision", default=None, help="the decision to report, where the table holds several")
@@ -676,6 +693,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     p.add_argument("--seed", type=int_at_least(0), default=0, help="the bootstrap's random seed (default 0)")
     args = p.parse_args(argv)
+    need = scaling_fit.min_replicates(args.confidence)
+    if args.bootstrap < need:
+        raise ToolError(
+            f"--bootstrap {args.bootstrap} is too few for a {args.confidence:.0%} interval (--confidence "
+            f"{args.confidence:g}): at least {need}, {scaling_fit.TAIL_REPLICATES} beyond each end"
+        )
     result = report(
         args.ladder,
         args.out,

@@ -59,7 +59,13 @@ from scipy.optimize import minimize
 from scipy.special import ndtri, stdtrit
 from threadpoolctl import threadpool_limits
 
+# Huber's delta in log loss is matched to the measured seed noise of a cell mean (``seed_noise_delta``):
+# 1.345 standard errors, Huber's constant for 95% efficiency under normal noise, so the fit is least squares
+# for seed-sized residuals and robust only beyond them. Without two seeds in any cell there is nothing to
+# measure, and this fallback is used (and said).
+HUBER_EFFICIENCY = 1.345
 HUBER_DELTA = 1e-3
+MIN_HUBER_DELTA = 1e-5  # a noiseless ladder (synthetic, or every seed alike) still has a positive delta
 ARMS = ("baseline", "variant")
 MODELS = {
     "single": ("E", "A", "alpha"),
@@ -78,6 +84,16 @@ MAX_FAILED_REPLICATES = 0.1  # an interval needs at least 90% of its bootstrap r
 # (seeds resampled, the smaller rungs refitted), excludes zero at this level for either arm -- 99% so that a
 # fit of the right form is flagged about 2% of the time over the two arms
 ROLLOUT_CONFIDENCE = 0.99
+# The A/A null vetoes fitted verdicts when its k interval at this level excludes 1. At the intervals' own
+# 90% it would veto about 10% of true findings by construction; at 99% about 1% (docs/ladder.md).
+AA_CONFIDENCE = 0.99
+# A percentile interval needs this many replicates beyond each of its ends: 100 at 90%, 1,000 at 99%
+TAIL_REPLICATES = 5
+# The robust screen: a run whose log loss lies above its reference (the median of its cell's other seeds,
+# or the same arm's next smaller rung) by more than this many typical seed differences is named as
+# diverged and left out of every fit; the floor keeps a noiseless ladder from flagging rounding
+DIVERGED_SPREADS = 10.0
+DIVERGED_FLOOR = math.log(1.01)
 
 
 # -- the fits ------------------------------------------------------------------------------------------
@@ -563,6 +579,84 @@ class Resampler:
         return means
 
 
+# -- guards that run before any fit ------------------------------------------------------------------------
+def min_replicates(confidence: float) -> int:
+    """Bootstrap replicates a percentile interval at ``confidence`` needs: ``TAIL_REPLICATES`` beyond each
+    end (100 at 90%, 200 at 95%, 1,000 at 99%); fewer leave an end resting on the extreme replicates."""
+    return math.ceil(round(2 * TAIL_REPLICATES / (1.0 - confidence), 6))
+
+
+def screen(ladder: Ladder) -> tuple[Ladder, list[dict[str, Any]]]:
+    """The ladder without runs that look diverged, and those runs named. A run's reference is the median
+    of its cell's other seeds, or (alone in its cell) the median of the same arm's next smaller rung,
+    which a larger model trained on more tokens should not be above. The scale is the ladder's typical
+    seed difference: the median over runs of the absolute log-loss difference from their cell's other
+    seeds, robust to the few runs it screens. Divergence raises the loss, so only runs above their
+    reference by more than ``DIVERGED_SPREADS`` scales (at least ``DIVERGED_FLOOR``) are screened."""
+    deviations, refs = [], {}
+    for (arm, rung), cell in ladder.cells.items():
+        logs = np.log(cell.losses)
+        for i, seed in enumerate(cell.seeds):
+            others = np.delete(logs, i)
+            if len(others):
+                ref = float(np.median(others))
+                deviations.append(abs(logs[i] - ref))
+                refs[(arm, rung, str(seed))] = (ref, "the median of its cell's other seeds")
+    for arm in ARMS:
+        present = [r for r in ladder.rungs if ladder.cell(arm, r) is not None]
+        for smaller, rung in zip(present, present[1:]):
+            cell = ladder.cells[(arm, rung)]
+            if len(cell.losses) == 1:
+                ref = float(np.median(np.log(ladder.cells[(arm, smaller)].losses)))
+                refs[(arm, rung, str(cell.seeds[0]))] = (ref, f"the {arm}'s mean at the smaller rung {smaller}")
+    scale = float(np.median(deviations)) if deviations else 0.0
+    threshold = max(DIVERGED_SPREADS * scale, DIVERGED_FLOOR)
+    screened, kept = [], []
+    for run in ladder.runs():
+        ref = refs.get((run.arm, run.rung, str(run.seed)))
+        if ref is not None and math.log(run.loss) - ref[0] > threshold:
+            screened.append(
+                {
+                    "arm": run.arm,
+                    "rung": run.rung,
+                    "seed": run.seed,
+                    "loss": run.loss,
+                    "reference": math.exp(ref[0]),
+                    "why": f"{run.loss:.4g} against {math.exp(ref[0]):.4g} for {ref[1]}, more than "
+                    f"{math.expm1(threshold):.2%} above it ({DIVERGED_SPREADS:g} typical seed differences)",
+                }
+            )
+        else:
+            kept.append(run)
+    return (Ladder(kept) if screened else ladder), screened
+
+
+def seed_noise_delta(ladder: Ladder) -> tuple[float, str]:
+    """Huber's delta for fits of this ladder's cell means, and how it was set: ``HUBER_EFFICIENCY`` times
+    the standard error of a cell mean in log loss (the seeds' pooled within-cell standard deviation over
+    the square root of the mean number of seeds per cell); ``HUBER_DELTA`` where no cell has two seeds."""
+    sum_sq, df = 0.0, 0
+    for cell in ladder.cells.values():
+        if len(cell.losses) >= 2:
+            logs = np.log(cell.losses)
+            sum_sq += float(np.sum((logs - logs.mean()) ** 2))
+            df += len(logs) - 1
+    if df == 0:
+        return HUBER_DELTA, f"the fallback {HUBER_DELTA:g}: no cell has two seeds to measure the noise by"
+    sd = math.sqrt(sum_sq / df)
+    per_cell = float(np.mean([len(c.losses) for c in ladder.cells.values()]))
+    delta = max(HUBER_EFFICIENCY * sd / math.sqrt(per_cell), MIN_HUBER_DELTA)
+    return delta, (
+        f"{HUBER_EFFICIENCY:g} standard errors of a cell mean: seed sd {sd:.3g} in log loss ({df} degrees of "
+        f"freedom), {per_cell:.3g} seeds per cell"
+    )
+
+
+def missing_cells(ladder: Ladder) -> list[tuple[str, str]]:
+    """The (arm, rung) cells without a run, at rungs where the other arm has one."""
+    return [(arm, rung) for rung in ladder.rungs for arm in ARMS if ladder.cell(arm, rung) is None]
+
+
 # -- estimates with intervals ------------------------------------------------------------------------------
 @dataclass
 class Estimate:
@@ -780,6 +874,11 @@ class Comparison:
     curves: dict  # compute grid and bootstrap bands, for the figures
     degrees_of_freedom: int = 0
     t_widening: float = 1.0
+    huber_delta: float = HUBER_DELTA
+    huber_delta_note: str = ""
+    screened: list = field(default_factory=list)  # runs left out as diverged, each with why
+    guards: dict = field(default_factory=dict)  # each guard on the fitted verdicts: passed, or why not
+    measured: Optional[Ladder] = None  # the ladder before the screen (the figures show every run)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -788,7 +887,10 @@ class Comparison:
             "bootstrap_method": self.method,
             "degrees_of_freedom": self.degrees_of_freedom,
             "t_widening": self.t_widening,
-            "huber_delta": HUBER_DELTA,
+            "huber_delta": self.huber_delta,
+            "huber_delta_note": self.huber_delta_note,
+            "screened": self.screened,
+            "guards": self.guards,
             "paired_rungs": [r for r in self.ladder.rungs if self.ladder.paired(r)],
             "fits": {
                 "shared": self.shared.summary(),
@@ -817,7 +919,13 @@ def largest_compute(ladder: Ladder) -> float:
 
 
 def _k_interval(
-    ladder: Ladder, shared: Fit, n_boot: int, confidence: float, rng, calibrate: bool = True
+    ladder: Ladder,
+    shared: Fit,
+    n_boot: int,
+    confidence: float,
+    rng,
+    calibrate: bool = True,
+    delta: float = HUBER_DELTA,
 ) -> tuple[Estimate, Resampler]:
     """k with its bootstrap interval (the shared fit refitted on each replicate), and the resampler."""
     sampler = Resampler(ladder, shared, rng)
@@ -827,7 +935,7 @@ def _k_interval(
     values, failures = np.full(n_boot, np.nan), Counter()
     starts = warm_starts(shared)
     for b in range(n_boot):
-        f = fit(ladder.points(sampler.draw()), "shared", starts=starts, greedy=True)
+        f = fit(ladder.points(sampler.draw()), "shared", delta=delta, starts=starts, greedy=True)
         if f.ok:
             values[b] = f.theta[3]
         else:
@@ -837,13 +945,25 @@ def _k_interval(
     return k, sampler
 
 
+def _check_replicates(n_boot: int, confidence: float) -> None:
+    if n_boot < min_replicates(confidence):
+        raise ValueError(
+            f"a {confidence:.0%} interval needs at least {min_replicates(confidence)} bootstrap replicates "
+            f"({TAIL_REPLICATES} beyond each end), got {n_boot}"
+        )
+
+
 @single_threaded
 def multiplier_interval(
     ladder: Ladder, n_boot: int = 1000, confidence: float = 0.9, seed: int = 0, calibrate: bool = True
 ) -> Estimate:
-    """Only ``k`` and its interval (what coverage studies draw many times)."""
+    """Only ``k`` and its interval (what coverage studies draw many times), with the Huber delta ``compare``
+    would use."""
+    _check_replicates(n_boot, confidence)
     rng = np.random.default_rng(seed)
-    return _k_interval(ladder, fit(ladder.points(), "shared"), n_boot, confidence, rng, calibrate)[0]
+    delta, _ = seed_noise_delta(ladder)
+    shared = fit(ladder.points(), "shared", delta=delta)
+    return _k_interval(ladder, shared, n_boot, confidence, rng, calibrate, delta)[0]
 
 
 def _band(values: np.ndarray, confidence: float, widen: float) -> np.ndarray:
@@ -853,46 +973,86 @@ def _band(values: np.ndarray, confidence: float, widen: float) -> np.ndarray:
     return np.array([mid - widen * (mid - lo), mid + widen * (hi - mid)])
 
 
-def _rollout_fits(ladder: Ladder) -> tuple[str, Ladder, dict[str, Fit]]:
-    """The rollout check's fits: every model fitted without the largest rung."""
-    held = ladder.rungs[-1]
-    rest = ladder.without(held)
-    return held, rest, {model: fit(rest.points(), model) for model in ("shared", "free")}
+@dataclass
+class _Holdout:
+    """One rollout fit: the rungs below ``held`` (both arms), fitted and predicting ``held``."""
+
+    held: str
+    rest: Ladder
+    rows: list  # the rest's cells as rows of the whole ladder's keys()
+    fits: dict  # model -> Fit
 
 
-def _rollout(
-    ladder: Ladder, held: str, fits: dict[str, Fit], errors: dict[str, np.ndarray], widen: float
+def rollout_holdouts(ladder: Ladder, delta: float) -> tuple[dict[str, Optional[str]], dict[str, _Holdout]]:
+    """Per arm, the largest rung it has (None: it has no runs); per such rung, the fits of the rungs below
+    it. With a complete ladder both arms hold out the same rung and one fit serves both."""
+    keys = ladder.keys()
+    held_by_arm: dict[str, Optional[str]] = {}
+    holdouts: dict[str, _Holdout] = {}
+    for arm in ARMS:
+        present = [r for r in ladder.rungs if ladder.cell(arm, r) is not None]
+        held_by_arm[arm] = present[-1] if present else None
+        if present and present[-1] not in holdouts:
+            below = set(ladder.rungs[: ladder.rungs.index(present[-1])])
+            rest = Ladder(r for r in ladder.runs() if r.rung in below)
+            fits = {m: fit(rest.points(), m, delta=delta) for m in ("shared", "free")}
+            holdouts[present[-1]] = _Holdout(present[-1], rest, [keys.index(k) for k in rest.keys()], fits)
+    return held_by_arm, holdouts
+
+
+def rollout_check(
+    ladder: Ladder,
+    held_by_arm: dict[str, Optional[str]],
+    holdouts: dict[str, _Holdout],
+    errors: dict[tuple[str, str], np.ndarray],
+    widen: float,
+    why_no_bootstrap: Optional[str],
 ) -> dict[str, Any]:
-    """The held-out rung's loss predicted per arm by each fit, against its seeds. ``errors[model]``
-    ``[replicates, arm]`` are the bootstrap's errors (resampled seeds, refitted smaller rungs, against
-    the resampled held-out mean); a fit ``misses`` when, for either arm, their ``ROLLOUT_CONFIDENCE``
-    interval excludes zero (None: no bootstrap to judge by)."""
-    out: dict[str, Any] = {"held_out_rung": held, "confidence": ROLLOUT_CONFIDENCE}
-    for model, f in fits.items():
-        entry: dict[str, Any] = {"status": f.status}
-        if not f.ok:
-            entry["reason"] = f.reason
-            out[model] = entry
-            continue
-        misses: Optional[bool] = None
+    """Each arm's largest rung predicted by each two-arm fit of the rungs below it, against its seeds.
+    ``errors[(model, arm)]`` are the bootstrap's errors (resampled seeds, refitted smaller rungs, against
+    the resampled held-out mean). Per model: a ``reason`` per arm where the check could not run, and
+    ``misses`` (True: an arm's ``ROLLOUT_CONFIDENCE`` interval excludes zero; False: every arm's covers it;
+    None: an arm could not be checked, which withholds the verdict as a miss does)."""
+    out: dict[str, Any] = {"confidence": ROLLOUT_CONFIDENCE, "held_out": dict(held_by_arm)}
+    for model in ("shared", "free"):
+        entry: dict[str, Any] = {}
+        misses: Optional[bool] = False
         for arm in ARMS:
-            cell = ladder.cell(arm, held)
-            if cell is None:
+            held = held_by_arm[arm]
+            if held is None:
+                entry[arm] = {"reason": f"the {arm} has no runs"}
+                misses = None if misses is False else misses
+                continue
+            f = holdouts[held].fits[model]
+            cell = ladder.cells[(arm, held)]
+            if not f.ok:
+                row: dict[str, Any] = {"held_out_rung": held, "reason": f"the fit below {held} failed: {f.reason}"}
+                entry[arm] = row
+                misses = None if misses is False else misses
                 continue
             pred = float(f.predict([cell.compute], ARMS.index(arm))[0])
-            err = pred - cell.mean
             row = {
+                "held_out_rung": held,
                 "predicted": pred,
                 "observed": cell.mean,
-                "error": err,
+                "error": pred - cell.mean,
                 "seed_spread": _finite(cell.spread),
-                "error_in_spreads": _finite(abs(err) / cell.spread) if cell.spread > 0 else None,
+                "error_in_spreads": _finite(abs(pred - cell.mean) / cell.spread) if cell.spread > 0 else None,
             }
-            values = errors[model][:, ARMS.index(arm)] if model in errors else np.array([])
-            if len(values) and np.mean(np.isnan(values)) <= MAX_FAILED_REPLICATES:
+            values = errors.get((model, arm))
+            if why_no_bootstrap is not None:
+                row["reason"] = why_no_bootstrap
+            elif values is None or np.mean(np.isnan(values)) > MAX_FAILED_REPLICATES:
+                failed = int(np.sum(np.isnan(values))) if values is not None else 0
+                row["reason"] = f"{failed} of {len(values) if values is not None else 0} bootstrap refits failed"
+            else:
                 lo, hi = interval(values, ROLLOUT_CONFIDENCE, widen)
                 row["error_interval"] = [lo, hi]
-                misses = bool(misses) or not lo <= 0.0 <= hi
+                row["misses"] = not lo <= 0.0 <= hi
+            if "reason" in row:
+                misses = None if misses is False else misses
+            elif row["misses"]:
+                misses = True
             entry[arm] = row
         entry["misses"] = misses
         out[model] = entry
@@ -900,24 +1060,30 @@ def _rollout(
 
 
 def rollout_miss(rollout: dict[str, Any], model: str) -> Optional[str]:
-    """Why no sign may be called from ``model``'s fit, when it misses its rollout check; else None."""
+    """Why no sign may be called from ``model``'s fit: it misses its rollout check, or the check could not
+    run for an arm; else None."""
     entry = rollout.get(model, {})
-    if not entry.get("misses"):
-        return None
-    errors = ", ".join(
-        "{} {:+.3g} [{:+.3g}, {:+.3g}]".format(arm, entry[arm]["error"], *entry[arm]["error_interval"])
-        for arm in ARMS
-        if "error_interval" in entry.get(arm, {})
-    )
-    return (
-        f"the {model} fit of the smaller rungs misses the held-out {rollout['held_out_rung']} ({errors} at "
-        f"{rollout['confidence']:.0%}): its form does not hold across these rungs"
-    )
+    if entry.get("misses") is True:
+        errors = ", ".join(
+            "{} at {} {:+.3g} [{:+.3g}, {:+.3g}]".format(
+                arm, entry[arm]["held_out_rung"], entry[arm]["error"], *entry[arm]["error_interval"]
+            )
+            for arm in ARMS
+            if entry.get(arm, {}).get("misses")
+        )
+        return (
+            f"the {model} fit of the smaller rungs misses the held-out largest rung ({errors} at "
+            f"{rollout['confidence']:.0%}): its form does not hold across these rungs"
+        )
+    if entry.get("misses") is None:
+        why = "; ".join(f"{arm}: {entry[arm]['reason']}" for arm in ARMS if "reason" in entry.get(arm, {}))
+        return f"the rollout check of the {model} fit could not run ({why})"
+    return None
 
 
 def withhold_verdict(e: Estimate | dict, why: Optional[str]) -> Estimate | dict:
-    """Keep ``e``'s numbers but call no sign from them, saying why (a fit that failed its rollout, an A/A
-    null whose interval excludes 1). ``e`` is an Estimate or its ``summary()``."""
+    """Keep ``e``'s numbers but call no sign from them, saying why (a guard that failed or could not run).
+    ``e`` is an Estimate or its ``summary()``."""
     verdict = e.get("verdict") if isinstance(e, dict) else e.verdict
     if not why or not verdict:
         return e
@@ -930,9 +1096,42 @@ def withhold_verdict(e: Estimate | dict, why: Optional[str]) -> Estimate | dict:
 
 
 AA_MISS = (
-    "the A/A null's k interval excludes 1, so the intervals are narrower than this ladder's seed-to-seed "
-    "differences (a seed's luck repeating at every rung, which the per-rung resampling does not see)"
+    "the A/A null's {level:.0%} k interval excludes 1, so the intervals are narrower than this ladder's "
+    "seed-to-seed differences (a seed's luck repeating at every rung, which the per-rung resampling does not see)"
 )
+
+
+def _aa_guard(aa: dict[str, Any]) -> Optional[str]:
+    """Why the A/A null withholds fitted verdicts: it excludes 1, or it did not run; else None."""
+    if aa.get("covers_1") is True:
+        return None
+    if aa.get("covers_1") is False:
+        return AA_MISS.format(level=AA_CONFIDENCE)
+    return f"no A/A null to check the intervals against ({aa.get('reason') or aa['k'].get('reason', 'failed')})"
+
+
+def verdict_guards(screened: list[dict], missing: list[tuple[str, str]], aa: dict, rollout: dict) -> dict[str, Any]:
+    """Every guard on the fitted verdicts: ``passed`` and, where not, ``reason``."""
+
+    def entry(reason: Optional[str]) -> dict[str, Any]:
+        return {"passed": True} if reason is None else {"passed": False, "reason": reason}
+
+    names = "; ".join(f"{r['arm']} {r['rung']} seed {r['seed']} ({r['why']})" for r in screened)
+    absent = ", ".join(f"{arm} at {rung}" for arm, rung in missing)
+    return {
+        "screen": entry(f"runs that look diverged, left out of every fit (rerun them): {names}" if screened else None),
+        "complete": entry(f"the ladder is incomplete, no run of the {absent}" if missing else None),
+        "aa": entry(_aa_guard(aa)),
+        "rollout_shared": entry(rollout_miss(rollout, "shared")),
+        "rollout_free": entry(rollout_miss(rollout, "free")),
+    }
+
+
+def withheld_because(guards: dict[str, Any], model: str) -> Optional[str]:
+    """Why a statistic of ``model``'s fit calls no sign: every failed guard that concerns it."""
+    names = ("screen", "complete", "aa", f"rollout_{model}")
+    reasons = [guards[n]["reason"] for n in names if not guards[n]["passed"]]
+    return "; ".join(reasons) or None
 
 
 @single_threaded
@@ -944,17 +1143,22 @@ def compare(
     seed: int = 0,
     calibrate: bool = True,
 ) -> Comparison:
-    """Fit both arms, bootstrap every statistic, run the rollout check and the A/A null, extrapolate to
-    10x and 100x the largest rung's compute and to each of ``targets`` (FLOPs). With ``calibrate``,
-    every percentile interval is widened by ``t_widening`` of the seed degrees of freedom."""
+    """Screen out diverged runs, fit both arms, bootstrap every statistic, run the rollout check and the
+    A/A null, extrapolate to 10x and 100x the largest rung's compute and to each of ``targets`` (FLOPs).
+    With ``calibrate``, every percentile interval is widened by ``t_widening`` of the seed degrees of
+    freedom. A fitted statistic names a sign only where every guard passed (``guards`` in the summary):
+    no run screened, no cell missing, the A/A null run and covering 1, and the rollout check run for
+    both arms and passed; a guard that could not run withholds as one that failed."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if n_boot < 1:
-        raise ValueError(f"the bootstrap needs at least one replicate, got {n_boot}")
+    _check_replicates(n_boot, confidence)
+    measured = ladder
+    ladder, screened = screen(ladder)
+    delta, delta_note = seed_noise_delta(ladder)
     rng = np.random.default_rng(seed)
     points = ladder.points()
-    shared, free = fit(points, "shared"), fit(points, "free")
-    single = {arm: fit(_arm_points(ladder, arm), "single") for arm in ARMS}
+    shared, free = fit(points, "shared", delta=delta), fit(points, "free", delta=delta)
+    single = {arm: fit(_arm_points(ladder, arm), "single", delta=delta) for arm in ARMS}
     c_max = largest_compute(ladder)
     target_list = [(10.0 * c_max, "10x largest"), (100.0 * c_max, "100x largest")]
     target_list += [(float(t), "target") for t in targets]
@@ -979,31 +1183,51 @@ def compare(
     }
     fail_shared, fail_free = Counter(), Counter()
     tc = np.array([t for t, _ in target_list])
-    held, rest, rollout_fits = _rollout_fits(ladder)
     keys = ladder.keys()
-    rest_rows = [i for i, (_, rung) in enumerate(keys) if rung != held]  # rest.keys() order
-    held_rows = {ARMS.index(arm): keys.index((arm, held)) for arm in ARMS if (arm, held) in ladder.cells}
-    held_compute = {a: ladder.cells[keys[i]].compute for a, i in held_rows.items()}
-    rollout_errors = {m: np.full((n_boot, 2), np.nan) for m, f in rollout_fits.items() if f.ok}
-    rollout_starts = {m: warm_starts(rollout_fits[m]) for m in rollout_errors}
+    held_by_arm, holdouts = rollout_holdouts(ladder, delta)
+    # the rollout's 99% interval: with too few replicates for it the check does not run (and withholds)
+    why_no_rollout = None
+    if sampler.method == "none":
+        why_no_rollout = "no bootstrap: a cell has one seed and the shared fit failed"
+    elif n_boot < min_replicates(ROLLOUT_CONFIDENCE):
+        why_no_rollout = (
+            f"its {ROLLOUT_CONFIDENCE:.0%} interval needs at least {min_replicates(ROLLOUT_CONFIDENCE)} bootstrap "
+            f"replicates, got {n_boot}"
+        )
+    rollout_errors: dict[tuple[str, str], np.ndarray] = {}
+    if why_no_rollout is None:
+        for arm, held in held_by_arm.items():
+            for m in ("shared", "free"):
+                if held is not None and holdouts[held].fits[m].ok:
+                    rollout_errors[(m, arm)] = np.full(n_boot, np.nan)
+    rollout_starts = {(h, m): warm_starts(o.fits[m]) for h, o in holdouts.items() for m in ("shared", "free")}
     if sampler.method != "none":
         s_starts, f_starts = warm_starts(shared), warm_starts(free)
         for b in range(n_boot):
             means = sampler.draw()
             pts = ladder.points(means)
-            for m, errors in rollout_errors.items():
-                fr = fit(rest.points(means[rest_rows]), m, starts=rollout_starts[m], greedy=True)
-                if fr.ok:
-                    for a, i in held_rows.items():
-                        errors[b, a] = fr.predict([held_compute[a]], a)[0] - means[i]
-            fs = fit(pts, "shared", starts=s_starts, greedy=True)
+            if rollout_errors:
+                for held, o in holdouts.items():
+                    for m in ("shared", "free"):
+                        arms = [a for a in ARMS if held_by_arm[a] == held and (m, a) in rollout_errors]
+                        if not arms:
+                            continue
+                        fr = fit(
+                            o.rest.points(means[o.rows]), m, delta=delta, starts=rollout_starts[(held, m)], greedy=True
+                        )
+                        if fr.ok:
+                            for a in arms:
+                                i = keys.index((a, held))
+                                pred = fr.predict([ladder.cells[(a, held)].compute], ARMS.index(a))[0]
+                                rollout_errors[(m, a)][b] = pred - means[i]
+            fs = fit(pts, "shared", delta=delta, starts=s_starts, greedy=True)
             if fs.ok:
                 rep["logk"][b] = fs.theta[3]
                 rep["gap_shared"][b] = fs.predict(tc, 0) - fs.predict(tc, 1)
                 rep["curve"][b] = [fs.predict(grid, 0), fs.predict(grid, 1)]
             else:
                 fail_shared[fs.reason.split(" (")[0]] += 1
-            ff = fit(pts, "free", starts=f_starts, greedy=True)
+            ff = fit(pts, "free", delta=delta, starts=f_starts, greedy=True)
             if ff.ok:
                 rep["dalpha"][b] = ff.theta[4] - ff.theta[2]
                 rep["gap_free"][b] = ff.predict(tc, 0) - ff.predict(tc, 1)
@@ -1024,10 +1248,8 @@ def compare(
             return Estimate(name, point, status="failed", reason="no bootstrap: a cell has one seed")
         return estimate(name, point, values, confidence, failures=failures, widen=widen, **kw)
 
-    rollout = _rollout(ladder, held, rollout_fits, rollout_errors, widen)
-    miss_shared, miss_free = rollout_miss(rollout, "shared"), rollout_miss(rollout, "free")
+    rollout = rollout_check(ladder, held_by_arm, holdouts, rollout_errors, widen, why_no_rollout)
     k = est("k", shared.theta[3] if shared.ok else None, rep["logk"], shared, fail_shared, null=1.0, transform=_exp)
-    withhold_verdict(k, miss_shared)
     dalpha = est(
         "exponent_difference",
         float(free.theta[4] - free.theta[2]) if free.ok else None,
@@ -1037,7 +1259,6 @@ def compare(
         positive="variant steeper",
         negative="baseline steeper",
     )
-    withhold_verdict(dalpha, miss_free)
     if free.ok:
         dalpha.extra.update(alpha_baseline=float(free.theta[2]), alpha_variant=float(free.theta[4]))
 
@@ -1092,33 +1313,41 @@ def compare(
             row["loss_baseline_shared"] = float(shared.predict([c], 0)[0])
             row["loss_variant_shared"] = float(shared.predict([c], 1)[0])
         gap_s = row["loss_baseline_shared"] - row["loss_variant_shared"] if shared.ok else None
-        row["gap_shared"] = withhold_verdict(
-            est("gap", gap_s, rep["gap_shared"][:, t], shared, fail_shared), miss_shared
-        ).summary()
-        row["multiplier_shared"] = k.summary()
+        row["gap_shared"] = est("gap", gap_s, rep["gap_shared"][:, t], shared, fail_shared).summary()
         gap_f = float(free.predict([c], 0)[0] - free.predict([c], 1)[0]) if free.ok else None
-        gap_free = est("gap", gap_f, rep["gap_free"][:, t], free, fail_free)
-        row["gap_free"] = withhold_verdict(gap_free, miss_free).summary()
+        row["gap_free"] = est("gap", gap_f, rep["gap_free"][:, t], free, fail_free).summary()
         log_m = float(np.log(free_multiplier(free, [c])[0])) if free.ok else None
-        row["multiplier_free"] = withhold_verdict(
-            est("multiplier", log_m, rep["mult_free"][:, t], free, fail_free, null=1.0, transform=_exp), miss_free
+        row["multiplier_free"] = est(
+            "multiplier", log_m, rep["mult_free"][:, t], free, fail_free, null=1.0, transform=_exp
         ).summary()
         extrapolations.append(row)
 
     aa_ladder = ladder.aa()
     if aa_ladder is None:
-        aa = {"status": "failed", "reason": "a baseline cell has fewer than two seeds"}
+        aa: dict[str, Any] = {"status": "failed", "reason": "a baseline cell has fewer than two seeds"}
+    elif n_boot < min_replicates(AA_CONFIDENCE):
+        aa = {
+            "status": "failed",
+            "reason": f"its {AA_CONFIDENCE:.0%} interval needs at least {min_replicates(AA_CONFIDENCE)} bootstrap "
+            f"replicates, got {n_boot}",
+        }
     else:
-        aa_k, aa_sampler = _k_interval(aa_ladder, fit(aa_ladder.points(), "shared"), n_boot, confidence, rng, calibrate)
+        aa_shared = fit(aa_ladder.points(), "shared", delta=delta)
+        aa_k, aa_sampler = _k_interval(aa_ladder, aa_shared, n_boot, AA_CONFIDENCE, rng, calibrate, delta)
         aa = {"k": aa_k.summary(), "bootstrap_method": aa_sampler.method, "degrees_of_freedom": aa_sampler.df}
         if aa_k.status == "ok":
             aa["covers_1"] = bool(aa_k.lower <= 1.0 <= aa_k.upper)
-    if aa.get("covers_1") is False:  # no fitted statistic's interval can be trusted to call a sign
-        withhold_verdict(k, AA_MISS)
-        withhold_verdict(dalpha, AA_MISS)
-        for row in extrapolations:
-            for name in ("gap_shared", "multiplier_shared", "gap_free", "multiplier_free"):
-                withhold_verdict(row[name], AA_MISS)
+    aa["confidence"] = AA_CONFIDENCE
+
+    guards = verdict_guards(screened, missing_cells(ladder), aa, rollout)
+    why_shared, why_free = withheld_because(guards, "shared"), withheld_because(guards, "free")
+    withhold_verdict(k, why_shared)
+    withhold_verdict(dalpha, why_free)
+    for row in extrapolations:
+        row["multiplier_shared"] = k.summary()
+        withhold_verdict(row["gap_shared"], why_shared)
+        withhold_verdict(row["gap_free"], why_free)
+        withhold_verdict(row["multiplier_free"], why_free)
 
     curves = {"compute": grid, "c_max": c_max, "targets": target_list}
     if np.any(~np.isnan(rep["curve"][:, 0, 0])):
@@ -1142,4 +1371,9 @@ def compare(
         curves,
         sampler.df,
         widen,
+        huber_delta=delta,
+        huber_delta_note=delta_note,
+        screened=screened,
+        guards=guards,
+        measured=measured,
     )

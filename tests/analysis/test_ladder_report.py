@@ -37,7 +37,7 @@ def _write(path, rows, columns=None):
 
 
 def test_the_report_writes_every_output(ladder_dir, capsys):
-    assert main([str(ladder_dir), "--bootstrap", "40", "--target-flops", "1e17", "--confidence", "0.95"]) == 0
+    assert main([str(ladder_dir), "--bootstrap", "200", "--target-flops", "1e17", "--confidence", "0.95"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("k = ") and "wrote" in out
     figures = [*FIGURES, "stability_max_activation.png", "stability_grad_norm_spikes.png"]
@@ -46,9 +46,12 @@ def test_the_report_writes_every_output(ladder_dir, capsys):
     assert not (ladder_dir / "stability_maxvio.png").exists()  # the column is empty in every run
     fits = json.loads((ladder_dir / "fits.json").read_text())  # strict JSON: no NaN or Infinity
     assert fits["decision"] == "block_attnres" and fits["metric"] == "val_bpb" and fits["confidence"] == 0.95
-    assert fits["k"]["status"] == "ok" and fits["k"]["verdict"] == "variant better"
+    # 100 replicates give the 95% intervals but not the 99% rollout check and A/A null: no verdict called
+    assert fits["k"]["status"] == "ok" and fits["k"]["verdict"] is None and fits["k"]["interval"][0] > 1
+    assert "variant better by its interval, not called" in fits["k"]["verdict_withheld"]
+    assert not fits["guards"]["rollout_shared"]["passed"] and fits["guards"]["screen"]["passed"]
     assert [x["label"] for x in fits["extrapolations"]] == ["10x largest", "100x largest", "target"]
-    assert fits["extrapolations"][2]["compute"] == 1e17 and fits["aa"]["covers_1"] in (True, False)
+    assert fits["extrapolations"][2]["compute"] == 1e17 and "needs at least 1000" in fits["aa"]["reason"]
     assert len(fits["cells"]) == 10 and len(fits["rung_multipliers"]) == 5 and fits["figures"] == figures
     table = (ladder_dir / "table.md").read_text()
     for heading in [
@@ -57,6 +60,7 @@ def test_the_report_writes_every_output(ladder_dir, capsys):
         "## Fits",
         "## Rollout check",
         "## A/A null",
+        "## Guards on the fitted verdicts",
         "## Extrapolation",
         "## Stability metrics",
         "## Learning rates at the edge of their sweep",
@@ -72,7 +76,7 @@ def test_permuting_the_rows_leaves_the_report_unchanged(ladder_dir, tmp_path):
     other.mkdir()
     _write(other / "ladder.csv", rows)
     for folder in (ladder_dir, other):
-        assert main([str(folder), "--bootstrap", "10"]) == 0
+        assert main([str(folder), "--bootstrap", "100"]) == 0
     a, b = (json.loads((f / "fits.json").read_text()) for f in (ladder_dir, other))
     a.pop("source"), b.pop("source")
     assert a == b
@@ -133,7 +137,7 @@ BAD_TABLES = {
 def test_a_bad_table_is_refused_by_name_and_nothing_is_written(ladder_dir, capsys, case):
     edit, message = BAD_TABLES[case]
     _broken(ladder_dir, edit)
-    assert main([str(ladder_dir), "--bootstrap", "10"]) == 2
+    assert main([str(ladder_dir), "--bootstrap", "100"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("analysis.ladder_report: error: ") and message in err, err
     assert sorted(p.name for p in ladder_dir.iterdir()) == ["ladder.csv"]
@@ -158,7 +162,7 @@ def test_an_out_that_is_a_file_is_refused(ladder_dir, capsys):
     "option, message",
     [
         (["--confidence", "1.5"], "argument --confidence: must be <= 0.999"),
-        (["--bootstrap", "3"], "argument --bootstrap: must be >= 10"),
+        (["--bootstrap", "0"], "argument --bootstrap: must be >= 1"),
         (["--target-flops", "-5"], "argument --target-flops: must be > 0"),
         (["--metric", "accuracy"], "argument --metric: invalid choice"),
     ],
@@ -167,6 +171,13 @@ def test_a_bad_option_is_refused_by_name(ladder_dir, capsys, option, message):
     with pytest.raises(SystemExit) as exit_:
         main([str(ladder_dir), *option])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_too_few_replicates_for_the_interval_are_refused_by_flag_name(ladder_dir, capsys):
+    assert main([str(ladder_dir), "--confidence", "0.99", "--bootstrap", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "--bootstrap 100 is too few for a 99% interval (--confidence 0.99): at least 1000" in err
+    assert sorted(p.name for p in ladder_dir.iterdir()) == ["ladder.csv"]
 
 
 def test_several_decisions_and_token_multiples_are_chosen_by_option(ladder_dir, tmp_path, capsys):
@@ -179,7 +190,7 @@ def test_several_decisions_and_token_multiples_are_chosen_by_option(ladder_dir, 
         read_rows(tmp_path / "both.csv", "situ_glu")
     with pytest.raises(ToolError, match="no runs of decision 'k3'"):
         read_rows(tmp_path / "both.csv", "k3", 40.0)
-    argv = [str(tmp_path / "both.csv"), "--bootstrap", "10", "--decision", "situ_glu", "--tokens-per-param", "40"]
+    argv = [str(tmp_path / "both.csv"), "--bootstrap", "100", "--decision", "situ_glu", "--tokens-per-param", "40"]
     assert main(argv) == 0
     fits = json.loads((tmp_path / "fits.json").read_text())
     assert fits["decision"] == "situ_glu" and fits["tokens_per_param"] == 40
@@ -188,7 +199,7 @@ def test_several_decisions_and_token_multiples_are_chosen_by_option(ladder_dir, 
 def test_a_ladder_too_small_to_fit_is_reported_not_refused(ladder_dir):
     """Two rungs are a valid table: the fits report why they cannot run; the per-rung multipliers stand."""
     _broken(ladder_dir, lambda rows, cols: ([r for r in rows if r["rung"] in ("r0", "r1")], cols))
-    assert main([str(ladder_dir), "--bootstrap", "10"]) == 0
+    assert main([str(ladder_dir), "--bootstrap", "100"]) == 0
     fits = json.loads((ladder_dir / "fits.json").read_text())
     assert fits["k"]["estimate"] is None and "too few points" in fits["k"]["reason"]
     assert fits["rung_multipliers"][0]["status"] == "ok"
@@ -198,7 +209,7 @@ def test_a_ladder_too_small_to_fit_is_reported_not_refused(ladder_dir):
 def test_the_module_runs_from_the_command_line_into_out(ladder_dir, tmp_path):
     """The CSV named instead of its folder, the outputs in --out, the loss in nats fitted instead."""
     out = tmp_path / "report" / "nested"
-    argv = [str(ladder_dir / "ladder.csv"), "--bootstrap", "10", "--out", str(out), "--metric", "val_loss"]
+    argv = [str(ladder_dir / "ladder.csv"), "--bootstrap", "100", "--out", str(out), "--metric", "val_loss"]
     proc = run_python("-m", "analysis.ladder_report", *argv, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "fits.json").read_text())["metric"] == "val_loss"
