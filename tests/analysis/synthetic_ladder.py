@@ -78,3 +78,30 @@ def write_ladder_csv(path, rows: list[dict], decision: str = "block_attnres", st
                 out["grad_norm_spikes"] = 3 if r["arm"] == "baseline" else 1
                 out["maxvio"] = ""  # a run without routed experts has none
             w.writerow(out)
+
+
+def synthetic_local(
+    k: float = 1.15,
+    seeds: int = 4,
+    spread: float = 1.3,
+    compute: float = 1e15,
+    noise: float = 0.0075,
+    correlation: float = 0.5,
+    rng_seed: int = 0,
+) -> list[dict]:
+    """Rows of a local comparison: the baseline at ``compute`` / ``spread``, ``compute`` and ``compute`` x
+    ``spread`` (one run per seed with cooldown branches: its three points share the seed's noise), the
+    variant at ``compute`` with multiplier ``k``; a seed's noise is correlated across arms by
+    ``correlation`` (the same batches), and each point adds a fifth of the noise of its own."""
+    rng = np.random.default_rng(rng_seed)
+    rows = []
+    for s in range(seeds):
+        shared = rng.standard_normal()
+        lineage = np.sqrt(correlation) * shared + np.sqrt(1 - correlation) * rng.standard_normal()
+        for j, c in enumerate((compute / spread, compute, compute * spread)):
+            loss = float(law(c)) + noise * (lineage + 0.2 * rng.standard_normal())
+            rows.append({"arm": "baseline", "rung": f"b{j}", "seed": s, "train_flops": c, "val_bpb": loss})
+        own = np.sqrt(correlation) * shared + np.sqrt(1 - correlation) * rng.standard_normal()
+        loss = float(law(compute, k)) + noise * (own + 0.2 * rng.standard_normal())
+        rows.append({"arm": "variant", "rung": "b1", "seed": s, "train_flops": compute, "val_bpb": loss})
+    return rows
