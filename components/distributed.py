@@ -6,15 +6,17 @@ The runtime uses the same helpers (loss normalisation), so they live here, below
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
-def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
-    """Sum ``t`` in place over data-parallel ranks (no-op on one process)."""
+def all_reduce_sum_(t: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Sum ``t`` in place over the ranks of ``group`` (None: every rank; no-op on one process)."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return t
 
 

@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from components.balancers.base import Balancer
-from components.balancers.load_stats import find_routers, finish_step
+from components.balancers.load_stats import find_routers, finish_step, reduce_router_stats_
 from components.config import ComponentConfig
-from components.distributed import all_reduce_sum_, world_size
+from components.distributed import world_size
 from components.ffn.router import RouterRecord
 from components.registry import BALANCERS, ConfigError
 
@@ -91,7 +91,7 @@ class AuxLossBalancer(Balancer):
             packed = torch.zeros(len(routers), E, dtype=torch.float64, device=routers[0].last.scores.device)  # [L, E]
             for i, r in enumerate(routers):
                 packed[i, : r.num_experts] = selection_counts(r.last).double()
-            all_reduce_sum_(packed)
+            reduce_router_stats_(packed)
             counts = [packed[i, : r.num_experts] for i, r in enumerate(routers)]
         terms = [
             balance_loss(r.last, r.top_k, self.cfg.alpha, self.cfg.sequence_wise, c) for r, c in zip(routers, counts)

@@ -2,17 +2,34 @@
 
 Every balancer's ``step`` reads the loads each router accumulated over the micro-batches of the step,
 sums them over data-parallel ranks (one all-reduce for all layers), logs MaxVio, and resets the routers.
+
+Which ranks: ``router_stats_group``, the one place every balancer's collective takes its group from. Router
+statistics are counted before dispatch, on the tokens each rank routes, so they are summed over every rank
+that holds a different share of the batch -- every data-parallel rank, expert-parallel peers included (an
+expert-parallel group alone would see a fraction of the batch: wrong biases, a wrong MaxVio).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from components.distributed import all_reduce_sum_, world_size
 from components.ffn.router import Router
+
+
+def router_stats_group() -> Any:
+    """The process group router statistics are reduced over: every data-parallel rank. The trainer's ranks
+    are all data-parallel (no tensor or pipeline parallelism; expert parallelism splits the experts, not the
+    batch), so that is the default group (None)."""
+    return None
+
+
+def reduce_router_stats_(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``t`` in place over ``router_stats_group`` (no-op on one process)."""
+    return all_reduce_sum_(t, router_stats_group())
 
 
 def find_routers(model: nn.Module) -> list[Router]:
@@ -38,7 +55,7 @@ def reduced_loads(routers: list[Router]) -> tuple[torch.Tensor, torch.Tensor]:
         if r.load is not None:
             packed[i, : r.num_experts] = r.load.to(device=device, dtype=torch.float64)
         packed[i, E] = r.tokens
-    all_reduce_sum_(packed)
+    reduce_router_stats_(packed)
     return packed[:, :E], packed[:, E]
 
 
@@ -50,7 +67,7 @@ def bias_rank_divergence(routers: list[Router]) -> float:
     if world_size() == 1:
         return 0.0
     extremes = torch.cat([bias, -bias])  # max over ranks of both: [max b | -min b]
-    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=router_stats_group())
     return float((extremes[: bias.numel()] + extremes[bias.numel() :]).max())
 
 

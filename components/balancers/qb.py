@@ -15,8 +15,8 @@ Quantile estimators (``estimator``):
 
 * ``histogram`` (K3, default): per-expert counts of r in ``bins`` equal bins over
   ``[min b - 1, max b + 1]`` (a range fixed by the old bias, so counts of micro-batches and ranks simply
-  add: one all-reduce of ``[E, bins]`` int64 per layer); ``b^_j`` interpolates linearly inside the first
-  bin whose cumulative count reaches ``tau = M k / E``. Memory ``8 E bins`` bytes per layer.
+  add: one all-reduce of ``[E, bins]`` int32 for all layers); ``b^_j`` interpolates linearly inside the first
+  bin whose cumulative count reaches ``tau = M k / E``. Memory ``4 E bins`` bytes per layer.
 * ``exact``: order statistic ``b^_j`` = the (q+1)-th smallest ``r_:j`` (q = round(M k / E)), so exactly q
   tokens satisfy ``r_ij < b^_j`` when there are no ties. Keeps every micro-batch's ``r`` block:
   ``4 M E`` bytes per layer until the step (fine for small runs); ranks all-gather their blocks.
@@ -37,9 +37,15 @@ import torch
 from torch import nn
 
 from components.balancers.base import Balancer
-from components.balancers.load_stats import find_routers, maxvio_metrics, reduced_loads
+from components.balancers.load_stats import (
+    find_routers,
+    maxvio_metrics,
+    reduce_router_stats_,
+    reduced_loads,
+    router_stats_group,
+)
 from components.config import ComponentConfig
-from components.distributed import all_reduce_sum_, world_size
+from components.distributed import world_size
 from components.ffn.router import Router, histogram_range, margin_histogram
 from components.registry import BALANCERS, ConfigError
 
@@ -125,14 +131,15 @@ def _all_gather_rows(r: torch.Tensor) -> torch.Tensor:
         return r
     import torch.distributed as dist
 
+    group = router_stats_group()
     n = torch.tensor([r.shape[0]], device=r.device)
-    sizes = [torch.zeros_like(n) for _ in range(world_size())]
-    dist.all_gather(sizes, n)
+    sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, n, group=group)
     m = int(max(s.item() for s in sizes))
     padded = torch.zeros(m, r.shape[1], dtype=r.dtype, device=r.device)
     padded[: r.shape[0]] = r
     blocks = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(blocks, padded)
+    dist.all_gather(blocks, padded, group=group)
     return torch.cat([b[: int(s.item())] for b, s in zip(blocks, sizes)])
 
 
@@ -164,9 +171,14 @@ class QBBalancer(Balancer):
         if self.cfg.estimator == "histogram":
             hists = []
             for r in routers:
-                h = r.hist if r.hist is not None else torch.zeros(r.num_experts, self.cfg.bins, dtype=torch.int64)
+                h = r.hist if r.hist is not None else torch.zeros(r.num_experts, self.cfg.bins, dtype=torch.int32)
                 hists.append(h.to(r.e_score_correction_bias.device).flatten())
-            flat = all_reduce_sum_(torch.cat(hists))  # one collective for all layers
+            if float(tokens.max()) > torch.iinfo(torch.int32).max:
+                raise OverflowError(
+                    f"qb: {int(tokens.max())} tokens routed in one step, more than the int32 histogram counts "
+                    "(2^31 - 1): use balancer.estimator=exact or a smaller global batch"
+                )
+            flat = reduce_router_stats_(torch.cat(hists))  # one collective for all layers
             sizes = [h.numel() for h in hists]
             out = []
             for r, h, M in zip(routers, flat.split(sizes), tokens.tolist()):

@@ -12,7 +12,7 @@ Statistics for balancers (training mode only, detached, accumulated over micro-b
 * ``load [E]`` (int64): how many tokens chose each expert; ``tokens``: how many tokens were routed.
 * ``last``: the latest forward's routing (``scores`` WITH autograd graph, for auxiliary losses; detached
   ``indices`` and ``cutoff``). One micro-batch only; replaced by every forward.
-* opt-in (``configure_stats``), for Quantile Balancing: ``hist [E, bins]`` counts of
+* opt-in (``configure_stats``), for Quantile Balancing: ``hist [E, bins]`` (int32) counts of
   ``r = cutoff - score`` over ``[min b - 1, max b + 1]`` (docs/k3.md §6.6), or the list ``margins`` of ``r``
   blocks ``[N, E]`` of every micro-batch (exact quantiles; memory ``4 * M * E`` bytes per layer and step).
 
@@ -57,16 +57,18 @@ def histogram_range(bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def margin_histogram(r: torch.Tensor, lo: float | torch.Tensor, hi: float | torch.Tensor, bins: int) -> torch.Tensor:
-    """Per-expert bin counts ``[E, bins]`` (int64) of ``r [N, E]`` over equal bins of ``[lo, hi]``.
+    """Per-expert bin counts ``[E, bins]`` (int32) of ``r [N, E]`` over equal bins of ``[lo, hi]``.
 
     Values outside the range are clamped into the end bins. Counts are additive, so histograms of any
-    split of the tokens (micro-batches, ranks) sum to the histogram of all of them.
+    split of the tokens (micro-batches, ranks) sum to the histogram of all of them. int32: a bin counts at
+    most the tokens of one optimizer step over all ranks (QB refuses a step beyond 2^31 - 1 tokens), and the
+    histogram is kept and all-reduced every step (at K3 size half the 0.66 GB an int64 one takes).
     """
     N, E = r.shape
     width = (hi - lo) / bins
     idx = torch.floor((r.double() - lo) / width).clamp_(0, bins - 1).long()  # [N, E]
     idx += torch.arange(E, device=r.device) * bins  # flatten (expert, bin)
-    return torch.bincount(idx.flatten(), minlength=E * bins).view(E, bins)
+    return torch.bincount(idx.flatten(), minlength=E * bins).view(E, bins).to(torch.int32)
 
 
 class Router(nn.Module):
@@ -140,7 +142,7 @@ class Router(nn.Module):
         """Forget the accumulated statistics (a balancer calls this after consuming them in ``step``)."""
         self.load: Optional[torch.Tensor] = None  # [E] int64
         self.tokens = 0
-        self.hist: Optional[torch.Tensor] = None  # [E, bins] int64
+        self.hist: Optional[torch.Tensor] = None  # [E, bins] int32
         self.hist_range: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # 0-d float64, on device
         self.margins: list[torch.Tensor] = []  # [N_i, E] fp32 blocks
         self.last: Optional[RouterRecord] = None

@@ -123,14 +123,14 @@ def test_histogram_counts_summed_over_ranks(monkeypatch):
         return t
 
     for mod in (load_stats, qb):
-        monkeypatch.setattr(mod, "all_reduce_sum_", record)
+        monkeypatch.setattr(mod, "reduce_router_stats_", record)
     other = skewed_router()
     bal = QBBalancer(QBConfig())
     bal.attach(other)
     other(x[1000:])
     bal.step(other)  # "rank 1": records its loads and histogram
     for mod in (load_stats, qb):
-        monkeypatch.setattr(mod, "all_reduce_sum_", replay)
+        monkeypatch.setattr(mod, "reduce_router_stats_", replay)
     rank0 = skewed_router()
     bal.attach(rank0)
     rank0(x[:1000])

@@ -53,7 +53,7 @@ def test_loads_are_summed_over_ranks(monkeypatch):
         t += other_rank
         return t
 
-    monkeypatch.setattr(load_stats, "all_reduce_sum_", fake_all_reduce)
+    monkeypatch.setattr(load_stats, "reduce_router_stats_", fake_all_reduce)
     _set_loads(r, [6, 0, 1, 1])  # alone: expert 1 starved; with the other rank: expert 1 overloaded (q = 4)
     SignSGDBalancer(SignSGDConfig(update_rate=1.0)).step(r)
     torch.testing.assert_close(r.e_score_correction_bias, torch.tensor([-1.0, -1.0, 1.0, 1.0]))

@@ -32,7 +32,7 @@ def plant(defect: str) -> None:
     elif defect == "local_qb_histogram":
         import components.balancers.qb as qb
 
-        qb.all_reduce_sum_ = lambda t: t
+        qb.reduce_router_stats_ = lambda t: t
     else:
         raise SystemExit(f"PLANTED_DEFECT: '{defect}' is not one of {', '.join(DEFECTS)}")
 
