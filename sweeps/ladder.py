@@ -55,16 +55,22 @@ from sweeps.ladder_plan import (
     LadderRun,
     Preset,
     _names,
+    check_learning_rates,
     choose_learning_rates,
     decision_names,
     load_decision,
     load_preset,
+    local_preset,
+    lr_rule_text,
     plan,
+    plan_local,
     print_plan,
     run_overrides,
     runs_folder,
 )
 from sweeps.run_pool import run_points
+
+LOCAL_FILE = "local.csv"  # a local comparison's table (analysis/local_multiplier.py reads it)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -84,21 +90,29 @@ def finished_summary(runs_dir: Path, name: str) -> Optional[dict[str, Any]]:
 
 
 def ladder_rows(
-    decision: str, runs: list[LadderRun], summaries: dict[str, dict[str, Any]], edges: dict[str, dict[str, str]]
+    decision: str,
+    runs: list[LadderRun],
+    summaries: dict[str, dict[str, Any]],
+    edges: dict[str, dict[str, str]],
+    rule: str = "",
+    checks: Optional[dict[str, dict[str, Any]]] = None,
+    by_budget: bool = False,
 ) -> list[dict[str, Any]]:
-    """One ``ladder.csv`` row per finished stable or branch run: a compute point of one arm."""
+    """One ``ladder.csv`` row per finished stable or branch run: a compute point of one arm. A branch's
+    rung is ``<rung>@tpp<M>`` (every run's, with ``by_budget``: a local comparison's points are budgets)."""
     rows = []
     for run in runs:
-        if run.phase == "lr" or run.name not in summaries:
+        if run.phase in ("lr", "lr_check") or run.name not in summaries:
             continue
         s = summaries[run.name]
         compute = s.get("compute") or {}
         params = compute.get("params") or {}
+        budget = run.phase == "branch" or by_budget
         rows.append(
             {
                 "decision": decision,
                 "arm": run.arm,
-                "rung": run.rung.name if run.phase == "stable" else f"{run.rung.name}@tpp{run.tokens_per_param:g}",
+                "rung": f"{run.rung.name}@tpp{run.tokens_per_param:g}" if budget else run.rung.name,
                 "seed": run.seed,
                 "tokens_per_param": run.tokens_per_param,
                 "non_embedding_params": params.get("non_embedding", run.size.non_embedding_params),
@@ -111,6 +125,13 @@ def ladder_rows(
                 "lr_edge": edges.get(run.arm, {}).get(run.rung.name, ""),
                 "run_dir": s.get("run_dir", ""),
                 **stability_metrics(s.get("run_dir", "")),
+                "run_seed": run.run_seed,
+                "batch_rows": run.batch_rows if run.batch_rows is not None else "",
+                "tokens_per_step": run.size.tokens_per_step,
+                "steps": run.steps,
+                "warmup_steps": run.warmup,
+                "lr_rule": rule,
+                "lr_check": (checks or {}).get(run.arm, {}).get("flag", ""),
             }
         )
     return rows
@@ -148,12 +169,39 @@ def stability_metrics(run_dir: str) -> dict[str, Any]:
     }
 
 
+# how each run was trained, beside the report's columns (which it ignores)
+RUN_COLUMNS = ("run_seed", "batch_rows", "tokens_per_step", "steps", "warmup_steps", "lr_rule", "lr_check")
+
+
+def keep_curves(folder: Path, runs: list[LadderRun], summaries: dict[str, dict[str, Any]]) -> int:
+    """Copy every finished run's training curve (``metrics.jsonl``: step, tokens, train/loss, train/lr)
+    into ``folder/curves/<run>.csv``, so the ladder folder keeps them beside its table; returns how many."""
+    from runtime.json_records import read_json_lines
+
+    out = folder / "curves"
+    out.mkdir(exist_ok=True)
+    kept = 0
+    for run in runs:
+        path = Path((summaries.get(run.name) or {}).get("run_dir", "")) / "metrics.jsonl"
+        if not path.is_file():
+            continue
+        records = [r for r in read_json_lines(path) if isinstance(r, dict) and "train/loss" in r]
+        with open(out / f"{run.name}.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["step", "tokens", "train_loss", "lr"])
+            for r in records:
+                step = int(r.get("step", 0))
+                writer.writerow([step, step * run.size.tokens_per_step, r["train/loss"], r.get("train/lr", "")])
+        kept += 1
+    return kept
+
+
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     from analysis.ladder_report import REQUIRED, STABILITY  # the table's schema is the report's
 
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*REQUIRED, "tokens_per_param", "lr_edge", *STABILITY])
+        writer = csv.DictWriter(f, fieldnames=[*REQUIRED, "tokens_per_param", "lr_edge", *STABILITY, *RUN_COLUMNS])
         writer.writeheader()
         writer.writerows(rows)
     os.replace(tmp, path)
@@ -244,10 +292,22 @@ def _hold_runs_folder(runs_dir: Path):
 
 
 def run_ladder(
-    decision: str, preset: Preset, extra: list[str], output_root: Path, jobs: int, report: bool = True
+    decision: str,
+    preset: Preset,
+    extra: list[str],
+    output_root: Path,
+    jobs: int,
+    report: bool = True,
+    local: bool = False,
 ) -> Path:
+    """Train the ladder (with ``local``, the local comparison at the preset's ``local`` rung) and write its
+    table, curves, learning rates and reports into its folder; returns the folder."""
     arms = {arm: load_decision(decision)[arm] for arm in ARMS}
-    runs = plan(decision, preset, extra, arms)
+    if local:
+        preset = local_preset(preset)
+        runs = plan_local(decision, preset, extra, arms)
+    else:
+        runs = plan(decision, preset, extra, arms)
     folder = output_root / "ladders" / f"{decision}-{preset.name}"
     runs_dir = runs_folder(output_root, preset, extra)
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -259,24 +319,30 @@ def run_ladder(
     chosen = choose_learning_rates(runs, summaries, preset)
     for run in runs:
         if run.phase != "lr":
-            run.lr = chosen[run.arm][0][run.rung.name]
-    (folder / "learning_rates.json").write_text(
-        json.dumps({arm: {"lr": rates, "edge": edges} for arm, (rates, edges) in chosen.items()}, indent=1)
-    )
+            run.lr = chosen[run.arm][0][run.rung.name] * (run.lr_factor if run.phase == "lr_check" else 1.0)
     set_aside_stale_runs(runs, runs_dir)
-    stable = [r for r in runs if r.phase == "stable"]
+    stable = [r for r in runs if r.phase in ("lr_check", "stable")]
     summaries.update(_launch(stable, arms, preset, extra, runs_dir, jobs))
+    checks = check_learning_rates(runs, summaries)
+    rule = lr_rule_text(preset)
+    record = {arm: {"lr": rates, "edge": edges, "check": checks.get(arm)} for arm, (rates, edges) in chosen.items()}
+    (folder / "learning_rates.json").write_text(json.dumps({"rule": rule, **record}, indent=1))
     branches = [r for r in runs if r.phase == "branch"]
     for run in branches:
         run.init_from = summaries[run.branch_of]["run_dir"]
     summaries.update(_launch(branches, arms, preset, extra, runs_dir, jobs))
     edges = {arm: edge for arm, (_, edge) in chosen.items()}
-    write_csv(folder / "ladder.csv", ladder_rows(decision, runs, summaries, edges))
-    print(f"ladder folder: {folder}\nladder table: {folder / 'ladder.csv'}")
-    if report:  # one fit per token multiple: each is one compute frontier (analysis/ladder_report.py)
+    table = folder / (LOCAL_FILE if local else "ladder.csv")
+    write_csv(table, ladder_rows(decision, runs, summaries, edges, rule, checks, by_budget=local))
+    print(f"ladder folder: {folder}\nladder table: {table}\ncurves: {keep_curves(folder, runs, summaries)} runs")
+    if report and local:
+        cmd = [sys.executable, "-m", "analysis.local_multiplier", str(table)]
+        if subprocess.run(cmd, cwd=REPO).returncode != 0:
+            raise LadderError(f"the report failed; rerun: python {' '.join(cmd[1:])}")
+    elif report:  # one fit per token multiple: each is one compute frontier (analysis/ladder_report.py)
         for multiple in [preset.tokens_per_param, *preset.branch_multiples]:
             out = folder / f"tpp{multiple:g}"
-            cmd = [sys.executable, "-m", "analysis.ladder_report", str(folder / "ladder.csv")]
+            cmd = [sys.executable, "-m", "analysis.ladder_report", str(table)]
             cmd += ["--tokens-per-param", f"{multiple:g}", "--out", str(out)]
             if subprocess.run(cmd, cwd=REPO).returncode != 0:
                 raise LadderError(f"the report failed; rerun: python {' '.join(cmd[1:])}")
@@ -297,6 +363,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     p.add_argument("--output-root", default="outputs", help="the ladder folder goes under <output-root>/ladders/")
     p.add_argument("--no-report", action="store_true", help="stop after ladder.csv (no fits or figures)")
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="a local comparison instead: the variant at one rung against the baseline at three compute points "
+        "around it (the preset's local: section), read off without a law (analysis.local_multiplier)",
+    )
     args, extra = p.parse_known_args(argv)
     try:
         if args.jobs < 1:
@@ -306,7 +378,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         preset = load_preset(args.preset)
         decision = load_decision(args.decision)
         if args.dry_run:
-            runs = plan(args.decision, preset, extra, {arm: decision[arm] for arm in ARMS})
+            arms = {arm: decision[arm] for arm in ARMS}
+            if args.local:
+                preset = local_preset(preset)
+                runs = plan_local(args.decision, preset, extra, arms)
+            else:
+                runs = plan(args.decision, preset, extra, arms)
             rates: dict[str, Rate] = {}
             if preset.peak_flops is None and args.measure_steps:
                 for rung in preset.rungs:
@@ -319,7 +396,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"ladder {args.decision} ({decision.get('description', '')}), preset {preset.name}")
             print_plan(runs, preset, rates, args.jobs)
             return 0
-        run_ladder(args.decision, preset, extra, Path(args.output_root).resolve(), args.jobs, not args.no_report)
+        output_root = Path(args.output_root).resolve()
+        run_ladder(args.decision, preset, extra, output_root, args.jobs, not args.no_report, args.local)
     except LadderError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

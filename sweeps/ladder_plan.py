@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,6 +23,7 @@ from sweeps.ladder_rungs import Rung
 LADDERS = Path(__file__).resolve().parent / "ladders"
 PRESETS = LADDERS / "presets"
 ARMS = ("baseline", "variant")
+LR_RULES = ("baseline", "per_arm")
 
 
 class LadderError(ValueError):
@@ -73,6 +74,20 @@ class Preset:
     warmup_fraction: float
     decay_fraction: float
     overrides: list[str]
+    # the rung rule (``batch:``): each rung's batch in rows, the largest power of two that still gives
+    # ``min_steps`` optimizer steps at the smallest token budget (at most ``max_rows``); None: the batch of
+    # ``overrides`` at every rung
+    min_steps: Optional[int] = None
+    max_rows: Optional[int] = None
+    # the learning-rate rule: "baseline" (the baseline's sweep fitted across sizes serves both arms) or
+    # "per_arm" (each arm's own sweep fitted); either way both arms get the same check at the largest rung
+    lr_rule: str = "per_arm"
+    lr_check_factors: list[float] = field(default_factory=list)
+    # the local comparison (``local:``, ``--local``): the rung (default the largest), the baseline's
+    # compute spread around the variant's, and the paired seeds
+    local_rung: Optional[Rung] = None
+    local_spread: float = 1.3
+    local_seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
     # GPU presets: dry-run accounting composes with these instead of the data the runs read
     accounting_overrides: list[str] = field(default_factory=list)
     peak_flops: Optional[float] = None
@@ -83,6 +98,8 @@ class Preset:
 PRESET_KEYS = (
     "description",
     "rungs",
+    "batch",
+    "local",
     "tokens_per_param",
     "branch_multiples",
     "seeds",
@@ -118,6 +135,31 @@ def load_preset(name: str) -> Preset:
     if any(not 0 < m < tpp for m in branches):
         raise LadderError(f"{where}: branch_multiples must lie between 0 and tokens_per_param={tpp}")
     gpu = p.get("gpu") or {}
+    batch = p.get("batch") or {}
+    unknown = sorted(set(batch) - {"min_steps", "max_rows"})
+    if unknown:
+        raise LadderError(f"{where}: batch: unknown keys {', '.join(unknown)}; allowed: min_steps, max_rows")
+    unknown = sorted(set(lr) - {"base", "factors", "sweep_rungs", "rule", "check_factors"})
+    if unknown:
+        raise LadderError(
+            f"{where}: lr: unknown keys {', '.join(unknown)}; allowed: base, factors, sweep_rungs, rule, check_factors"
+        )
+    local = p.get("local") or {}
+    unknown = sorted(set(local) - {"rung", "spread", "seeds"})
+    if unknown:
+        raise LadderError(f"{where}: local: unknown keys {', '.join(unknown)}; allowed: rung, spread, seeds")
+    local_rung = Rung(*(int(v) for v in local["rung"])) if "rung" in local else None
+    if local_rung is not None:
+        try:
+            local_rung.check()
+        except ValueError as err:
+            raise LadderError(f"{where}: local.rung: {err}") from None
+    if not 1.0 < float(local.get("spread", 1.3)) <= 2.0:
+        raise LadderError(f"{where}: local.spread must lie in (1, 2], got {local['spread']}")
+    if len(local.get("seeds", [0, 1])) < 2:
+        raise LadderError(f"{where}: local.seeds needs at least 2 seeds for an interval")
+    if lr.get("rule", "per_arm") not in LR_RULES:
+        raise LadderError(f"{where}: lr.rule must be one of {', '.join(LR_RULES)}, got {lr['rule']!r}")
     preset = Preset(
         name=name,
         rungs=rungs,
@@ -130,11 +172,20 @@ def load_preset(name: str) -> Preset:
         warmup_fraction=float(p.get("warmup_fraction", 0.05)),
         decay_fraction=float(p.get("decay_fraction", 0.2)),
         overrides=list(p["overrides"]),
+        min_steps=int(batch["min_steps"]) if "min_steps" in batch else None,
+        max_rows=int(batch["max_rows"]) if "max_rows" in batch else None,
+        lr_rule=lr.get("rule", "per_arm"),
+        lr_check_factors=sorted(float(f) for f in lr.get("check_factors") or []),
+        local_rung=local_rung,
+        local_spread=float(local.get("spread", 1.3)),
+        local_seeds=[int(x) for x in local.get("seeds", [0, 1, 2, 3])],
         accounting_overrides=list(p.get("accounting_overrides") or []),
         peak_flops=float(gpu["peak_flops"]) if "peak_flops" in gpu else None,
         mfu=float(gpu["mfu"]) if "mfu" in gpu else None,
         description=p.get("description", ""),
     )
+    if preset.lr_check_factors and 1.0 not in preset.lr_check_factors:
+        raise LadderError(f"{where}: lr.check_factors must include 1 (the chosen rate itself)")
     if not 1 <= preset.lr_sweep_rungs <= len(rungs):
         raise LadderError(f"{where}: lr.sweep_rungs must be between 1 and the number of rungs ({len(rungs)})")
     return preset
@@ -147,13 +198,15 @@ class Size:
     active_params: int
     flops_per_token: float
     tokens_per_step: int
+    seq_len: int = 0
+    accumulate: int = 1
 
 
 def account(overrides: list[str]) -> Size:
     """Parameters, training FLOPs per token and tokens per step of a composition (built on meta)."""
     from components.flop_count import parameter_counts, training_flops_per_token
     from components.model import build_on_meta
-    from runtime.launch import compose, strip_hydra
+    from runtime.compose import compose, strip_hydra
     from runtime.validation import validate
 
     root = validate(strip_hydra(compose(overrides)))
@@ -161,24 +214,27 @@ def account(overrides: list[str]) -> Size:
     params = parameter_counts(model)
     seq_len = root.data.seq_len
     flops = sum(training_flops_per_token(model, seq_len).values())
-    tokens_per_step = root.data.batch_size * seq_len * root.trainer.accumulate_grad_batches
-    return Size(params["non_embedding"], params["active"], flops, tokens_per_step)
+    accumulate = root.trainer.accumulate_grad_batches
+    tokens_per_step = root.data.batch_size * seq_len * accumulate
+    return Size(params["non_embedding"], params["active"], flops, tokens_per_step, seq_len, accumulate)
 
 
 # -- the plan ------------------------------------------------------------------------------------------
 @dataclass
 class LadderRun:
     name: str
-    phase: str  # lr | stable | branch
+    phase: str  # lr | lr_check | stable | branch
     arm: str
     rung: Rung
-    seed: int
+    seed: int  # the replicate: the same in both arms (paired), and what the ladder table lists
     tokens_per_param: float
     steps: int
     warmup: int
     size: Size
-    lr_factor: Optional[float] = None  # lr phase: the factor of lr.base this run tries
-    lr: Optional[float] = None  # stable and branch runs: chosen after the lr phase
+    run_seed: int = 0  # what train.py gets: a function of (seed, rung), see run_seed()
+    batch_rows: Optional[int] = None  # the rung rule's batch (None: the preset's overrides decide)
+    lr_factor: Optional[float] = None  # lr phase: the factor of lr.base; lr_check: of the chosen rate
+    lr: Optional[float] = None  # lr_check, stable and branch runs: chosen after the lr phase
     branch_of: Optional[str] = None
     init_from: Optional[str] = None  # the stable run's folder, once it has finished
     init_step: Optional[int] = None
@@ -202,8 +258,60 @@ def _steps(tokens_per_param: float, size: Size) -> int:
     return max(1, math.ceil(tokens_per_param * size.active_params / size.tokens_per_step))
 
 
+def batch_rows(tokens: float, tokens_per_row: int, min_steps: int, max_rows: Optional[int] = None) -> int:
+    """The rung rule: the batch, in rows of ``tokens_per_row`` tokens (sequence length x accumulation), is
+    the largest power of two with which ``tokens`` still take at least ``min_steps`` optimizer steps, and
+    at most ``max_rows``. So the batch grows with the rung (about in proportion to its parameters) and every
+    rung trains between ``min_steps`` and twice as many steps at its smallest budget: steps no longer grow
+    with size (a fixed batch gives the smallest rung a tenth of the largest's steps)."""
+    rows = tokens / (min_steps * tokens_per_row)
+    if rows < 1:
+        raise LadderError(
+            f"{tokens:,.0f} tokens give fewer than {min_steps} steps even at one row of {tokens_per_row} tokens; "
+            "shorten data.seq_len, or raise tokens_per_param or the smallest branch multiple"
+        )
+    out = 2 ** math.floor(math.log2(rows) + 1e-12)
+    return min(out, max_rows) if max_rows else out
+
+
+CHECKPOINTS_BEFORE_BRANCHES = 8  # at most this many checkpoints before the first branch point
+
+
+def checkpoint_interval(starts: list[int]) -> Optional[int]:
+    """How often a stable run saves a checkpoint so that each cooldown branch can start from one: the
+    greatest common divisor of the branches' decay starts where that is coarse enough (one branch: its
+    start), else an eighth of the earliest start. A branch then starts at the last checkpoint at or before
+    its decay (``start - start % interval``) and trains the rest of its own stable phase itself, at most
+    an interval of steps again: the same updates, since batch ``i`` is a function of (seed, ``i``) and the
+    rate is at its peak there."""
+    if not starts:
+        return None
+    divisor = math.gcd(*starts)
+    if divisor * CHECKPOINTS_BEFORE_BRANCHES >= min(starts):
+        return divisor
+    return max(1, math.ceil(min(starts) / CHECKPOINTS_BEFORE_BRANCHES))
+
+
+# run seeds lie below this: the data's batch generator folds the seed, times about 1e15, into a 64-bit
+# generator seed (components/data/base.py batch_generator), which overflows from about 9,200 on
+RUN_SEEDS = 9000
+
+
+def run_seed(seed: int, rung: Rung) -> int:
+    """The seed a run of replicate ``seed`` at ``rung`` trains with: its batch order (and initialisation) is
+    a function of (seed, rung), the same in both arms, so the arms stay paired at a rung while a seed's
+    luck in its batches no longer repeats at every rung (the per-rung bootstrap takes rungs as independent)."""
+    digest = hashlib.sha256(f"ladder-seed/{seed}/{rung.name}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % RUN_SEEDS
+
+
 def plan(decision: str, preset: Preset, extra: list[str], arms_overrides: dict[str, list[str]]) -> list[LadderRun]:
-    """Every run of the ladder, the learning rates of the stable and branch runs still open."""
+    """Every run of the ladder, the learning rates of the check, stable and branch runs still open.
+
+    Per rung, both arms share the batch (``batch_rows`` from the smaller arm's active parameters at the
+    smallest token budget), the warmup (``warmup_fraction`` of the smallest budget's tokens, in steps of
+    that batch) and the run seeds (``run_seed``); each run decays over the last ``decay_fraction`` of its
+    own budget, so warmup and cooldown are fixed shares of tokens at every rung."""
     from components.optim.schedules.wsd import decay_start  # the schedule the runs train under
 
     runs: list[LadderRun] = []
@@ -211,11 +319,30 @@ def plan(decision: str, preset: Preset, extra: list[str], arms_overrides: dict[s
     if arm_slugs["baseline"] == arm_slugs["variant"]:  # an A/A ladder: the same runs twice would be one set
         arm_slugs = {arm: f"{arm_slugs[arm]}-{arm}" for arm in ARMS}
     smallest = preset.branch_multiples[0] if preset.branch_multiples else preset.tokens_per_param
+    swept = ARMS if preset.lr_rule == "per_arm" else ("baseline",)
+    sizes = {
+        (arm, rung): account(arm_overrides(arms_overrides[arm], rung, preset, extra, accounting=True))
+        for rung in preset.rungs
+        for arm in ARMS
+    }
+    seeds = {(seed, rung.name): run_seed(seed, rung) for seed in preset.seeds for rung in preset.rungs}
+    if len(set(seeds.values())) < len(seeds):
+        raise LadderError(f"two (seed, rung) pairs draw the same run seed ({seeds}); choose other seeds")
     for arm in ARMS:
         for i, rung in enumerate(preset.rungs):
-            size = account(arm_overrides(arms_overrides[arm], rung, preset, extra, accounting=True))
+            size = sizes[(arm, rung)]
+            fewest = min(sizes[(a, rung)].active_params for a in ARMS)
+            rows = None
+            if preset.min_steps:
+                try:
+                    rows = batch_rows(
+                        smallest * fewest, size.seq_len * size.accumulate, preset.min_steps, preset.max_rows
+                    )
+                except LadderError as err:
+                    raise LadderError(f"rung {rung.name}: {err}") from None
+                size = replace(size, tokens_per_step=rows * size.seq_len * size.accumulate)
             total = _steps(preset.tokens_per_param, size)
-            warmup = max(1, round(preset.warmup_fraction * _steps(smallest, size)))
+            warmup = max(1, round(preset.warmup_fraction * smallest * fewest / size.tokens_per_step))
             starts = []
             for m in preset.branch_multiples:
                 branch_steps = _steps(m, size)
@@ -226,38 +353,57 @@ def plan(decision: str, preset: Preset, extra: list[str], arms_overrides: dict[s
                         "stable run's decay; use a smaller branch multiple"
                     )
                 starts.append((m, branch_steps, start))
-            every = math.gcd(*[s for _, _, s in starts]) if starts else None
-            if i < preset.lr_sweep_rungs:
+            every = checkpoint_interval([s for _, _, s in starts])
+            starts = [(m, steps, start - start % every) for m, steps, start in starts]
+            common = dict(size=size, batch_rows=rows, warmup=warmup)
+            first = dict(seed=preset.seeds[0], run_seed=seeds[(preset.seeds[0], rung.name)])
+            lr_steps = _steps(smallest, size)
+            if i < preset.lr_sweep_rungs and arm in swept:
                 for f in preset.lr_factors:
-                    lr_steps = _steps(smallest, size)
+                    name = f"{arm_slugs[arm]}-{rung.name}-lr{f:g}"
                     runs.append(
                         LadderRun(
-                            f"{arm_slugs[arm]}-{rung.name}-lr{f:g}",
+                            name,
                             "lr",
                             arm,
                             rung,
-                            preset.seeds[0],
-                            smallest,
-                            lr_steps,
-                            warmup,
-                            size,
+                            **first,
+                            tokens_per_param=smallest,
+                            steps=lr_steps,
                             lr_factor=f,
+                            **common,
+                        )
+                    )
+            if i == len(preset.rungs) - 1:  # the same check of the chosen rate for both arms, at the largest
+                for f in preset.lr_check_factors:
+                    name = f"{arm_slugs[arm]}-{rung.name}-lrcheck{f:g}"
+                    runs.append(
+                        LadderRun(
+                            name,
+                            "lr_check",
+                            arm,
+                            rung,
+                            **first,
+                            tokens_per_param=smallest,
+                            steps=lr_steps,
+                            lr_factor=f,
+                            **common,
                         )
                     )
             for seed in preset.seeds:
                 stable = f"{arm_slugs[arm]}-{rung.name}-s{seed}"
+                replicate = dict(seed=seed, run_seed=seeds[(seed, rung.name)])
                 runs.append(
                     LadderRun(
                         stable,
                         "stable",
                         arm,
                         rung,
-                        seed,
-                        preset.tokens_per_param,
-                        total,
-                        warmup,
-                        size,
+                        **replicate,
+                        tokens_per_param=preset.tokens_per_param,
+                        steps=total,
                         checkpoint_every=every,
+                        **common,
                     )
                 )
                 for m, branch_steps, start in starts:
@@ -267,15 +413,51 @@ def plan(decision: str, preset: Preset, extra: list[str], arms_overrides: dict[s
                             "branch",
                             arm,
                             rung,
-                            seed,
-                            m,
-                            branch_steps,
-                            warmup,
-                            size,
+                            **replicate,
+                            tokens_per_param=m,
+                            steps=branch_steps,
                             branch_of=stable,
                             init_step=start,
+                            **common,
                         )
                     )
+    return runs
+
+
+def local_preset(preset: Preset) -> Preset:
+    """The preset of a local comparison: one rung (``local.rung``, or the largest), the baseline trained to
+    ``spread`` x the token budget with cooldown branches at the budget and at budget / ``spread`` (three
+    compute points ``spread`` apart, one lineage per seed), ``local.seeds``, and one learning-rate rule: the
+    baseline's sweep at this rung (the check at it applies to both arms). Its settings differ from the
+    ladder's, so its runs get their own runs folder."""
+    rung = preset.local_rung or preset.rungs[-1]
+    tpp, spread = preset.tokens_per_param, preset.local_spread
+    return replace(
+        preset,
+        name=f"{preset.name}-local",
+        rungs=[rung],
+        tokens_per_param=tpp * spread,
+        branch_multiples=[tpp / spread, tpp],
+        seeds=list(preset.local_seeds),
+        lr_rule="baseline",
+        lr_sweep_rungs=1,
+    )
+
+
+def plan_local(decision: str, local: Preset, extra: list[str], arms_overrides: dict[str, list[str]]) -> list[LadderRun]:
+    """The runs of a local comparison (``local`` from ``local_preset``): the baseline's three compute points
+    per seed as the ladder plans them (a run to the largest budget and its two cooldown branches), and the
+    variant at the middle budget alone, as a run of its own with the same batch, warmup and seeds (a
+    branch's schedule is that of a run trained to its budget, so the two are comparable)."""
+    middle = local.branch_multiples[-1]
+    runs = []
+    for run in plan(decision, local, extra, arms_overrides):
+        if run.arm == "variant" and run.phase in ("stable", "branch"):
+            if run.tokens_per_param != middle:
+                continue
+            run = replace(run, phase="stable", name=run.branch_of, branch_of=None, init_step=None)
+            run.name = f"{run.name}-tpp{middle:g}"
+        runs.append(run)
     return runs
 
 
@@ -324,10 +506,12 @@ def run_overrides(run: LadderRun, arm: list[str], preset: Preset, extra: list[st
         # validation at the end only: the same validation bytes score every run of the ladder
         f"trainer.val_check_interval={run.steps}",
         "trainer.max_time_minutes=null",
-        f"seed={run.seed}",
+        f"seed={run.run_seed}",
         f"name={run.name}",
         "ckpt_path=last",
     ]
+    if run.batch_rows is not None:
+        out.append(f"data.batch_size={run.batch_rows}")
     if run.checkpoint_every:
         out += [f"trainer.checkpoint_every_n_steps={run.checkpoint_every}", "trainer.keep_last_checkpoints=null"]
     if run.branch_of:
@@ -366,9 +550,10 @@ def choose_learning_rates(
     """Per arm: ({rung name: learning rate}, {swept rung name: "low" / "high" where its best rate sat at
     that edge of the sweep, else ""}). The best rate at each swept rung (``best_log_lr``: between sweep
     points where the losses bend) is fitted as ``log lr = a + b log N`` (N active parameters) and applied
-    to every rung."""
-    out = {}
-    for arm in ARMS:
+    to every rung: under ``lr.rule`` "per_arm" each arm's own fit, under "baseline" the baseline's fit for
+    both arms (the variant's edges are then empty: it was not swept)."""
+    fits, out = {}, {}
+    for arm in ARMS if preset.lr_rule == "per_arm" else ("baseline",):
         swept = {}
         for run in runs:
             if run.phase == "lr" and run.arm == arm and run.name in summaries:
@@ -395,11 +580,41 @@ def choose_learning_rates(
             sxx = sum((x - mx) ** 2 for x in xs)
             slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
             intercept = my - slope * mx
+        fits[arm] = (intercept, slope, edges)
+    for arm in ARMS:
+        intercept, slope, edges = fits.get(arm) or fits["baseline"]
         rates = {}
         for run in runs:
             if run.arm == arm and run.phase != "lr":
                 rates[run.rung.name] = math.exp(intercept + slope * math.log(run.size.active_params))
-        out[arm] = (rates, edges)
+        out[arm] = (rates, edges if arm in fits else {})
+    return out
+
+
+def lr_rule_text(preset: Preset) -> str:
+    """The learning-rate rule as the ladder table records it with every run."""
+    rungs = ", ".join(r.name for r in preset.rungs[: preset.lr_sweep_rungs])
+    whose = "the baseline's, for both arms" if preset.lr_rule == "baseline" else "each arm's own"
+    return f"log lr = a + b log N fitted to {whose} best rates at {rungs}"
+
+
+def check_learning_rates(runs: list[LadderRun], summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per arm, the check at the largest rung: each factor of the chosen rate with its loss, and ``flag``:
+    "" where the chosen rate (factor 1) was the best of them, else "low" or "high" (a lower or higher one
+    was better: the rule does not suit that arm there)."""
+    out = {}
+    for arm in ARMS:
+        trials = sorted(
+            (r.lr_factor, _val_loss(summaries[r.name]))
+            for r in runs
+            if r.phase == "lr_check" and r.arm == arm and r.name in summaries
+        )
+        if not trials:
+            continue
+        finite = [(f, loss) for f, loss in trials if math.isfinite(loss)]
+        best = min(finite, key=lambda t: t[1])[0] if finite else None
+        flag = "" if best == 1.0 else ("low" if best is not None and best < 1.0 else "high")
+        out[arm] = {"losses": {f"{f:g}": loss for f, loss in trials}, "best_factor": best, "flag": flag}
     return out
 
 
@@ -448,12 +663,13 @@ def print_plan(runs: list[LadderRun], preset: Preset, rates: dict[str, Rate], jo
 
 def scheduled_seconds(runs: list[LadderRun], rates: dict[str, Rate], jobs: int) -> float:
     """Wall time of the ladder: each phase waits for the one before (the learning rates, then the stable
-    runs the branches start from), and within a phase runs start in plan order as slots free up."""
+    runs the branches start from, beside the learning-rate checks), and within a phase runs start in plan
+    order as slots free up."""
     total = 0.0
-    for phase in ("lr", "stable", "branch"):
+    for phases in (("lr",), ("lr_check", "stable"), ("branch",)):
         slots = [0.0] * max(1, jobs)
         for run in runs:
-            if run.phase == phase and run.rung.name in rates:
+            if run.phase in phases and run.rung.name in rates:
                 i = slots.index(min(slots))
                 slots[i] += rates[run.rung.name].seconds((run.steps - (run.init_step or 0)) * run.size.tokens_per_step)
         total += max(slots)

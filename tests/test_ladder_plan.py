@@ -4,6 +4,8 @@ refusals, without training."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import math
 import os
@@ -11,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from analysis.model_report import report
 from components.optim.schedules.wsd import decay_start
@@ -56,13 +59,18 @@ def test_budgets_branch_points_and_checkpoints():
         assert run.tokens >= p.tokens_per_param * run.size.active_params
     for run in (r for r in runs if r.phase == "branch"):
         parent = by_name[run.branch_of]
-        assert run.init_step == decay_start(run.steps, run.warmup, p.decay_fraction)
+        own_decay = decay_start(run.steps, run.warmup, p.decay_fraction)
+        # from the last checkpoint at or before its own decay: it retrains at most an interval of its peak
+        assert own_decay - parent.checkpoint_every < run.init_step <= own_decay
         assert run.init_step % parent.checkpoint_every == 0  # the stable run saves that step
         assert run.init_step < decay_start(parent.steps, parent.warmup, p.decay_fraction)  # still at the peak
-        assert run.warmup == parent.warmup
+        assert run.warmup == parent.warmup and run.batch_rows == parent.batch_rows
     lr_runs = [r for r in runs if r.phase == "lr"]
     assert {r.rung for r in lr_runs} == set(p.rungs[: p.lr_sweep_rungs])
-    assert len(lr_runs) == 2 * p.lr_sweep_rungs * len(p.lr_factors)
+    swept = 2 if p.lr_rule == "per_arm" else 1  # the baseline rule sweeps the baseline only
+    assert len(lr_runs) == swept * p.lr_sweep_rungs * len(p.lr_factors)
+    checks = [r for r in runs if r.phase == "lr_check"]
+    assert len(checks) == 2 * len(p.lr_check_factors) and {r.rung for r in checks} == {p.rungs[-1]}
     branch = next(r for r in runs if r.phase == "branch")
     argv = ladder_plan.run_overrides(branch, d[branch.arm], p, [], Path("/runs"))
     assert f"init_step={branch.init_step}" in argv and "ckpt_path=last" in argv
@@ -80,7 +88,7 @@ def _fake_lr_summaries(runs, best_factor, preset):
 
 
 def test_learning_rates_are_fitted_against_size_and_edges_flagged():
-    p = ladder_plan.load_preset("cpu")
+    p = replace(ladder_plan.load_preset("cpu"), lr_rule="per_arm", lr_sweep_rungs=2)
     d = ladder_plan.load_decision("block_attnres")
     runs = ladder_plan.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder_plan.ARMS})
     swept = p.rungs[: p.lr_sweep_rungs]
@@ -239,7 +247,7 @@ def test_the_best_rate_lies_between_sweep_points_where_the_losses_bend():
 
 
 def test_two_rungs_whose_optima_differ_by_less_than_a_sweep_step_still_give_a_slope():
-    p = ladder_plan.load_preset("cpu")
+    p = replace(ladder_plan.load_preset("cpu"), lr_rule="per_arm", lr_sweep_rungs=2)
     d = ladder_plan.load_decision("block_attnres")
     runs = ladder_plan.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder_plan.ARMS})
     swept = p.rungs[: p.lr_sweep_rungs]
@@ -271,3 +279,139 @@ def test_runs_trained_at_another_rate_are_set_aside_not_reused(tmp_path, capsys)
     assert ladder.finished_summary(tmp_path, stale.name) is None and ladder.finished_summary(tmp_path, kept.name)
     assert "the ladder now chooses 0.0123457" in capsys.readouterr().out
     assert ladder.set_aside_stale_runs(runs, tmp_path) == []  # idempotent
+
+
+# -- rungs without confounds -----------------------------------------------------------------------------------
+@functools.cache
+def _planned_cpu_ladder():
+    p = ladder_plan.load_preset("cpu")
+    d = ladder_plan.load_decision("block_attnres")
+    return p, d, ladder_plan.plan("block_attnres", p, [], {arm: d[arm] for arm in ladder_plan.ARMS})
+
+
+def _cpu_plan():
+    """The CPU preset's block AttnRes plan (composed once: each test gets its own copy)."""
+    return copy.deepcopy(_planned_cpu_ladder())
+
+
+def test_the_rung_rule_gives_every_cpu_rung_at_least_its_stated_steps():
+    """Every run of every CPU rung, the smallest budget's included, trains at least batch.min_steps (1,000)
+    optimizer steps, with a batch of a power of two rows that is the largest to do so (twice the rows would
+    fall short): the batch grows with the rung, the steps stay within 2x of each other."""
+    p, _, runs = _cpu_plan()
+    assert p.min_steps == 1000
+    for run in runs:
+        assert run.steps >= p.min_steps, run.name
+        rows = run.batch_rows
+        assert rows & (rows - 1) == 0 and run.size.tokens_per_step == rows * run.size.seq_len
+    smallest = p.branch_multiples[0]
+    for rung in p.rungs:
+        at = [r for r in runs if r.rung == rung]
+        assert len({(r.batch_rows, r.warmup, r.size.tokens_per_step) for r in at}) == 1, rung  # both arms alike
+        fewest = min(r.size.active_params for r in at)
+        assert smallest * fewest / (2 * at[0].size.tokens_per_step) < p.min_steps  # twice the batch: too few
+    rows = [next(r.batch_rows for r in runs if r.rung == rung) for rung in p.rungs]
+    assert rows == sorted(rows) and rows[-1] >= 8 * rows[0]
+    steps = [next(r.steps for r in runs if r.rung == rung and r.phase == "stable") for rung in p.rungs]
+    assert max(steps) < 2 * min(steps)
+
+
+def test_warmup_and_cooldown_are_shares_of_tokens():
+    p, _, runs = _cpu_plan()
+    for run in runs:
+        smallest_tokens = p.branch_multiples[0] * min(
+            r.size.active_params for r in runs if r.rung == run.rung
+        )  # the rung's smallest budget
+        assert run.warmup == max(1, round(p.warmup_fraction * smallest_tokens / run.size.tokens_per_step))
+        argv = ladder_plan.run_overrides(run, ["experiment=k3_small"], p, [], Path("/runs"))
+        assert f"schedule.decay_fraction={p.decay_fraction}" in argv and f"trainer.max_steps={run.steps}" in argv
+    assert ladder_plan.batch_rows(420_000, 128, 1000) == 2 and ladder_plan.batch_rows(420_000, 128, 1000, 1) == 1
+    with pytest.raises(ladder_plan.LadderError, match="fewer than 1000 steps even at one row"):
+        ladder_plan.batch_rows(100_000, 128, 1000)
+
+
+def test_two_rungs_of_one_seed_do_not_share_a_batch_order():
+    """The run seed is a function of (seed, rung): the same in both arms of a rung (paired), different at
+    every other rung, so the first training batches of one seed differ from rung to rung. With the seed
+    alone they would not: a smaller batch drawn from the same generator is the larger one's first rows."""
+    from components.registry import DATASETS
+    from runtime.compose import compose, strip_hydra
+    from runtime.validation import validate
+
+    p, d, runs = _cpu_plan()
+    first_rows = {}
+    for run in runs:
+        if run.phase == "stable" and run.seed == 0 and run.rung in p.rungs[:2]:
+            argv = ladder_plan.run_overrides(run, d[run.arm], p, [], Path("/runs"))
+            root = validate(strip_hydra(compose([a for a in argv if not a.startswith(("name=", "ckpt_path="))])))
+            assert root.seed == run.run_seed and root.data.batch_size == run.batch_rows
+            dataset = DATASETS.build(root.data, root.seed)
+            first_rows[(run.arm, run.rung.name)] = [dataset.train_batch(i)[0][0] for i in range(3)]
+    small, large = (r.name for r in p.rungs[:2])
+    for arm in ladder_plan.ARMS:
+        assert all(not torch.equal(a, b) for a, b in zip(first_rows[(arm, small)], first_rows[(arm, large)]))
+    for i in range(3):  # paired: both arms of a rung see the same batches
+        assert torch.equal(first_rows[("baseline", small)][i], first_rows[("variant", small)][i])
+    seeds = {(r.seed, r.rung.name): r.run_seed for r in runs}
+    assert len(set(seeds.values())) == len(seeds)  # no two (seed, rung) share a run seed
+    # the defect this removes: seeded by the replicate alone, the two rungs' first rows are the same windows
+    alone = {}
+    for rung in p.rungs[:2]:
+        run = next(r for r in runs if r.rung == rung and r.phase == "stable" and r.seed == 0)
+        argv = ladder_plan.run_overrides(replace(run, run_seed=run.seed), d[run.arm], p, [], Path("/runs"))
+        root = validate(strip_hydra(compose([a for a in argv if not a.startswith(("name=", "ckpt_path="))])))
+        alone[rung.name] = DATASETS.build(root.data, root.seed).train_batch(0)[0][0]
+    assert torch.equal(alone[small], alone[large])
+
+
+def test_one_learning_rate_rule_for_both_arms_and_the_same_check():
+    """The CPU preset's rule is the baseline's: only the baseline is swept, its fit serves both arms (each at
+    its own active parameters), and both arms get the same three-rate check at the largest rung."""
+    p, _, runs = _cpu_plan()
+    assert p.lr_rule == "baseline" and {r.arm for r in runs if r.phase == "lr"} == {"baseline"}
+    best = {r.name: 1.0 + 0.3 * i for i, r in enumerate(p.rungs)}
+    chosen = ladder_plan.choose_learning_rates(runs, _fake_lr_summaries(runs, best, p), p)
+    (base, base_edges), (variant, variant_edges) = chosen["baseline"], chosen["variant"]
+    assert base.keys() == variant.keys() and variant_edges == {} and set(base_edges) == {r.name for r in p.rungs}
+    for rung in p.rungs:
+        n = {r.arm: r.size.active_params for r in runs if r.rung == rung and r.phase == "stable"}
+        # one power law of N: the arms' rates differ only by their (slightly different) sizes
+        slope = math.log(base[p.rungs[-1].name] / base[p.rungs[0].name]) / math.log(
+            next(r.size.active_params for r in runs if r.rung == p.rungs[-1] and r.arm == "baseline")
+            / next(r.size.active_params for r in runs if r.rung == p.rungs[0] and r.arm == "baseline")
+        )
+        assert variant[rung.name] / base[rung.name] == pytest.approx((n["variant"] / n["baseline"]) ** slope)
+    checks = [r for r in runs if r.phase == "lr_check"]
+    summaries = {r.name: {"val": {"loss": {0.5: 2.0, 1.0: 1.9, 2.0: 2.1}[r.lr_factor]}} for r in checks}
+    summaries[next(r.name for r in checks if r.arm == "variant" and r.lr_factor == 2.0)]["val"]["loss"] = 1.8
+    result = ladder_plan.check_learning_rates(runs, summaries)
+    assert result["baseline"]["flag"] == "" and result["variant"]["flag"] == "high"
+    assert "the baseline's, for both arms" in ladder_plan.lr_rule_text(p)
+
+
+def test_a_local_comparison_brackets_the_variant_by_1_3x_in_compute():
+    p, d, _ = _cpu_plan()
+    local = ladder_plan.local_preset(p)
+    runs = ladder_plan.plan_local("block_attnres", local, [], {arm: d[arm] for arm in ladder_plan.ARMS})
+    points = [r for r in runs if r.phase in ("stable", "branch")]
+    assert {r.rung for r in runs} == {p.local_rung} and {r.seed for r in points} == set(p.local_seeds) == {0, 1, 2, 3}
+    for seed in p.local_seeds:
+        base = sorted((r for r in points if r.arm == "baseline" and r.seed == seed), key=lambda r: r.flops)
+        (variant,) = [r for r in points if r.arm == "variant" and r.seed == seed]
+        assert [r.phase for r in base] == ["branch", "branch", "stable"]  # one lineage per seed
+        ratios = [base[1].flops / base[0].flops, base[2].flops / base[1].flops]
+        assert ratios == [pytest.approx(1.3, rel=0.01)] * 2
+        assert base[0].flops < variant.flops < base[2].flops
+        assert variant.flops == pytest.approx(base[1].flops, rel=0.02)  # the same budget, its own size
+        assert variant.branch_of is None and variant.init_step is None
+        assert {(r.batch_rows, r.warmup, r.run_seed) for r in [*base, variant]} == {
+            (variant.batch_rows, variant.warmup, variant.run_seed)
+        }
+    assert min(r.steps for r in runs) >= p.min_steps
+    assert ladder_plan.runs_folder(Path("/o"), local, []) != ladder_plan.runs_folder(Path("/o"), p, [])
+
+
+def test_the_local_dry_run_lists_its_runs(capsys):
+    assert ladder.main(["block_attnres", "--local", "--dry-run", "--measure-steps", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "preset cpu-local" in out and "k3_small-d64x4-s3-tpp20 " in out and "-tpp15.3846" in out
