@@ -394,6 +394,9 @@ class RoutedExperts(HasMatrixLayouts):
         nn.init.normal_(self.w1, std=init_std)
         nn.init.normal_(self.w3, std=init_std)
         nn.init.normal_(self.w2, std=out_init_std or init_std)
+        # set by components/ffn/expert_parallel.py when each rank holds a slice of the experts (not a submodule:
+        # parameter names stay those of one process)
+        self.expert_parallel: Optional[Callable[..., torch.Tensor]] = None
 
     def muon_layouts(self) -> dict[str, MatrixLayout]:
         """Each expert's matrix is orthogonalised on its own."""
@@ -423,31 +426,45 @@ class RoutedExperts(HasMatrixLayouts):
             return self.dispatch  # an explicit choice is honoured, grouped_mm on any device included
         return auto_dispatch(z, w1)
 
+    def compute_dtype(self, z: torch.Tensor) -> torch.dtype:
+        """The dtype the expert products run in: autocast's where it is on (grouped_mm is not autocast-aware)."""
+        return torch.get_autocast_dtype(z.device.type) if torch.is_autocast_enabled(z.device.type) else z.dtype
+
     def forward(self, z: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        dtype = z.dtype
-        if torch.is_autocast_enabled(z.device.type):
-            dtype = torch.get_autocast_dtype(z.device.type)  # grouped_mm is not autocast-aware
-        z = z.to(dtype)
-        w1, w2, w3 = (w.to(dtype) for w in (self.w1, self.w2, self.w3))
+        if self.expert_parallel is not None:  # components/ffn/expert_parallel.py: experts spread over ranks
+            return self.expert_parallel(self, z, indices, weights)
+        dtype = self.compute_dtype(z)
+        return self.dispatch_rows(z.to(dtype), indices, weights, *(w.to(dtype) for w in (self.w1, self.w2, self.w3)))
+
+    def dispatch_rows(
+        self,
+        z: torch.Tensor,
+        indices: torch.Tensor,
+        weights: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        w3: torch.Tensor,
+    ) -> torch.Tensor:
+        """``sum_j weights[:, j] * expert_{indices[:, j]}(z)``: ``z [N, d_in]`` (any N, 0 included) through the
+        dispatch back-end, with expert matrices ``w1, w3 [E', m, d_in]``, ``w2 [E', d_in, m]`` in ``z``'s dtype
+        (E' = the experts these weights hold; ``indices`` index into them)."""
+        dtype, d = z.dtype, z.shape[-1]
         backend = self._backend(z, w1)
         if backend == "loop":
             return experts_reference(z, indices, weights, w1, w2, w3, self.act, self.capacity_factor)
 
         N, k = indices.shape
-        cap = capacity(N, k, self.num_experts, self.capacity_factor)
+        E = w1.shape[0]
+        cap = capacity(N, k, E, self.capacity_factor)
         acc = torch.promote_types(dtype, torch.float32)
         if backend == "blocked":  # static shapes end to end: traced into the layer's graph when compiled
-            block = block_rows(N * k, self.num_experts)
-            plan = block_plan(indices, self.num_experts, cap, block)
+            block = block_rows(N * k, E)
+            plan = block_plan(indices, E, cap, block)
             ys = blocked_experts(z, plan, w1, w2, w3, self.act, k, block)  # [N*k, d_in]
             yw = ys.to(acc) * weights.reshape(-1, 1).to(acc)  # [N*k, d_in]; fp32 weighting as below
-            return yw.view(N, k, -1).sum(dim=1).to(dtype)  # [N, d_in]
+            return yw.view(N, k, d).sum(dim=1).to(dtype)  # [N, d_in]
 
-        plan = (
-            dropless_route_plan(indices, self.num_experts)
-            if cap is None
-            else _capacity_route_plan(indices, self.num_experts, cap)
-        )
+        plan = dropless_route_plan(indices, E) if cap is None else _capacity_route_plan(indices, E, cap)
         if plan.cap is not None:
             xs = z[plan.order // k]  # [P, d_in], P kept pairs
         else:  # dropless: order is a permutation of the N*k pairs
@@ -464,10 +481,10 @@ class RoutedExperts(HasMatrixLayouts):
         # weight in fp32 (router precision; fp64 stays fp64), un-sort to [N, k, d_in], sum the k choices, cast back once
         yw = ys.to(acc) * weights.reshape(-1)[plan.order].to(acc)[:, None]  # [P, d_in]
         if plan.cap is not None:
-            full = yw.new_zeros(N * k, yw.shape[-1]).index_put((plan.order,), yw)  # [N*k, d_in]; dropped pairs stay 0
+            full = yw.new_zeros(N * k, d).index_put((plan.order,), yw)  # [N*k, d_in]; dropped pairs stay 0
         else:
             full = _PermuteRows.apply(yw, plan.inverse, plan.order)  # [N*k, d_in], back in pair order
-        return full.view(N, k, -1).sum(dim=1).to(dtype)  # [N, d_in]
+        return full.view(N, k, d).sum(dim=1).to(dtype)  # [N, d_in]
 
     def extra_repr(self) -> str:
         return (
