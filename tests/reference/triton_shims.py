@@ -1,5 +1,5 @@
 """Triton's interpreter (``TRITON_INTERPRET=1``) patched to run fla-core's kernels on CPU tensors: the one
-place every such shim lives (the released reference's forward, tests/reference/release_forward.py, and the
+place every such shim lives (the released reference's forward, tests/reference/release_reader.py, and the
 kernel parity checks, tests/benchmarks/test_gpu_check_rehearsal.py, install them).
 
 Import this module only in a process started with ``TRITON_INTERPRET=1`` (``triton.jit`` reads it when a
