@@ -422,10 +422,10 @@ def smallest_fit(
     max_gpus: int = 16384,
     checkpointing: Iterable[bool] = (False, True),
 ) -> Optional[MemoryPlan]:
-    """The plan with the fewest GPUs that fits (ties: without activation checkpointing, then the smaller
-    ep), or None. Memory per GPU never grows with the GPU count at a fixed ep and checkpointing (shards
-    only shrink; units, activations and buffers do not depend on it), so each (ep, checkpointing) pair is
-    a binary search over the candidate counts that ep divides."""
+    """The plan with the fewest GPUs that fits (ties broken by ``preference``), or None. Memory per GPU never
+    grows with the GPU count at a fixed ep and checkpointing (shards only shrink; units, activations and
+    buffers do not depend on it), so each (ep, checkpointing) pair is a binary search over the candidate
+    counts that ep divides."""
     best: Optional[MemoryPlan] = None
     counts = candidate_gpu_counts(gpus_per_node, max_gpus)
     for ac in checkpointing:
@@ -441,10 +441,14 @@ def smallest_fit(
             if lo == len(options):
                 continue
             found = plan(inv, Mesh(options[lo], ep, ac, micro_batch, seq_len), capacity, precision)
-            if best is None or _rank(found) < _rank(best):
+            if best is None or preference(found, gpus_per_node) < preference(best, gpus_per_node):
                 best = found
     return best
 
 
-def _rank(p: MemoryPlan) -> tuple[int, bool, int]:
-    return (p.gpus, p.activation_checkpointing, p.ep)
+def preference(p: MemoryPlan, gpus_per_node: int) -> tuple[int, bool, bool, int]:
+    """Which of two fitting plans to take: fewer GPUs; then no activation checkpointing (no recompute);
+    then an ep group that tiles the nodes (ep divides the node or is whole nodes, so no all-to-all group
+    straddles a node boundary unevenly); then the smaller ep (fewer all-to-all peers)."""
+    aligned = gpus_per_node % p.ep == 0 or p.ep % gpus_per_node == 0
+    return (p.gpus, p.activation_checkpointing, not aligned, p.ep)
