@@ -68,7 +68,9 @@ from sweeps.ladder_plan import (
     run_overrides,
     runs_folder,
 )
+from sweeps.rate_sensitivity import plan_sensitivity, run_sensitivity, sensitivity_preset
 from sweeps.run_pool import run_points
+from sweeps.run_state import finished_summary, hold_runs_folder, keep_curves
 
 LOCAL_FILE = "local.csv"  # a local comparison's table (analysis/local_multiplier.py reads it)
 
@@ -76,19 +78,6 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 # -- state ---------------------------------------------------------------------------------------------
-def finished_summary(runs_dir: Path, name: str) -> Optional[dict[str, Any]]:
-    """The summary of ``name``'s finished run (all its planned steps), if there is one."""
-    for folder in [runs_dir / name, *sorted(runs_dir.glob(f"{glob.escape(name)}-[0-9]*"))]:
-        path = folder / "summary.json"
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if summary.get("steps") and summary.get("steps") == summary.get("planned_steps"):
-            return summary
-    return None
-
-
 def ladder_rows(
     decision: str,
     runs: list[LadderRun],
@@ -173,29 +162,6 @@ def stability_metrics(run_dir: str) -> dict[str, Any]:
 RUN_COLUMNS = ("run_seed", "batch_rows", "tokens_per_step", "steps", "warmup_steps", "lr_rule", "lr_check")
 
 
-def keep_curves(folder: Path, runs: list[LadderRun], summaries: dict[str, dict[str, Any]]) -> int:
-    """Copy every finished run's training curve (``metrics.jsonl``: step, tokens, train/loss, train/lr)
-    into ``folder/curves/<run>.csv``, so the ladder folder keeps them beside its table; returns how many."""
-    from runtime.json_records import read_json_lines
-
-    out = folder / "curves"
-    out.mkdir(exist_ok=True)
-    kept = 0
-    for run in runs:
-        path = Path((summaries.get(run.name) or {}).get("run_dir", "")) / "metrics.jsonl"
-        if not path.is_file():
-            continue
-        records = [r for r in read_json_lines(path) if isinstance(r, dict) and "train/loss" in r]
-        with open(out / f"{run.name}.csv", "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["step", "tokens", "train_loss", "lr"])
-            for r in records:
-                step = int(r.get("step", 0))
-                writer.writerow([step, step * run.size.tokens_per_step, r["train/loss"], r.get("train/lr", "")])
-        kept += 1
-    return kept
-
-
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     from analysis.ladder_report import REQUIRED, STABILITY  # the table's schema is the report's
 
@@ -274,23 +240,6 @@ def set_aside_stale_runs(runs: list[LadderRun], runs_dir: Path) -> list[Path]:
     return moved
 
 
-def _hold_runs_folder(runs_dir: Path):
-    """An exclusive lock on a preset's runs folder for the ladder's lifetime: two ladders sharing an arm
-    would otherwise train the same run into the same folder at once."""
-    import fcntl
-
-    handle = open(runs_dir / ".lock", "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise LadderError(
-            f"another ladder is training in {runs_dir} (its runs are shared by every decision at this preset); "
-            "run ladders of one preset one after another, or give this one its own --output-root"
-        ) from None
-    return handle
-
-
 def run_ladder(
     decision: str,
     preset: Preset,
@@ -313,7 +262,7 @@ def run_ladder(
     runs_dir.mkdir(parents=True, exist_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     print(f"runs of preset {preset.name}: {runs_dir}")
-    lock = _hold_runs_folder(runs_dir)  # noqa: F841 (held until the ladder returns)
+    lock = hold_runs_folder(runs_dir)  # noqa: F841 (held until the ladder returns)
     lr_runs = [r for r in runs if r.phase == "lr"]
     summaries = _launch(lr_runs, arms, preset, extra, runs_dir, jobs)
     chosen = choose_learning_rates(runs, summaries, preset)
@@ -369,6 +318,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="a local comparison instead: the variant at one rung against the baseline at three compute points "
         "around it (the preset's local: section), read off without a law (analysis.local_multiplier)",
     )
+    p.add_argument(
+        "--rate-sensitivity",
+        action="store_true",
+        help="a learning-rate sensitivity study instead: both arms at one rung over a wide sweep of rates (the "
+        "preset's sensitivity: section), the width of each arm's stable basin (analysis.rate_sensitivity)",
+    )
     args, extra = p.parse_known_args(argv)
     try:
         if args.jobs < 1:
@@ -377,9 +332,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise LadderError(f"--measure-steps must be 0 or more, got {args.measure_steps}")
         preset = load_preset(args.preset)
         decision = load_decision(args.decision)
+        if args.local and args.rate_sensitivity:
+            raise LadderError("--local and --rate-sensitivity are two different studies: choose one")
         if args.dry_run:
             arms = {arm: decision[arm] for arm in ARMS}
-            if args.local:
+            if args.rate_sensitivity:
+                preset = sensitivity_preset(preset)
+                runs = plan_sensitivity(args.decision, preset, extra, arms)
+            elif args.local:
                 preset = local_preset(preset)
                 runs = plan_local(args.decision, preset, extra, arms)
             else:
@@ -397,6 +357,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             print_plan(runs, preset, rates, args.jobs)
             return 0
         output_root = Path(args.output_root).resolve()
+        if args.rate_sensitivity:
+            run_sensitivity(args.decision, preset, extra, output_root, args.jobs, not args.no_report)
+            return 0
         run_ladder(args.decision, preset, extra, output_root, args.jobs, not args.no_report, args.local)
     except LadderError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -88,6 +88,8 @@ class Preset:
     local_rung: Optional[Rung] = None
     local_spread: float = 1.3
     local_seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
+    # the learning-rate sensitivity study (``sensitivity:``, ``--rate-sensitivity``; sweeps/rate_sensitivity.py)
+    sensitivity: dict = field(default_factory=dict)
     # GPU presets: dry-run accounting composes with these instead of the data the runs read
     accounting_overrides: list[str] = field(default_factory=list)
     peak_flops: Optional[float] = None
@@ -100,6 +102,7 @@ PRESET_KEYS = (
     "rungs",
     "batch",
     "local",
+    "sensitivity",
     "tokens_per_param",
     "branch_multiples",
     "seeds",
@@ -179,6 +182,7 @@ def load_preset(name: str) -> Preset:
         local_rung=local_rung,
         local_spread=float(local.get("spread", 1.3)),
         local_seeds=[int(x) for x in local.get("seeds", [0, 1, 2, 3])],
+        sensitivity=dict(p.get("sensitivity") or {}),
         accounting_overrides=list(p.get("accounting_overrides") or []),
         peak_flops=float(gpu["peak_flops"]) if "peak_flops" in gpu else None,
         mfu=float(gpu["mfu"]) if "mfu" in gpu else None,

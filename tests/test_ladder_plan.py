@@ -188,11 +188,11 @@ def test_an_a_a_ladder_keeps_its_two_arms_apart():
 
 
 def test_one_ladder_at_a_time_per_runs_folder(tmp_path):
-    held = ladder._hold_runs_folder(tmp_path)
+    held = ladder.hold_runs_folder(tmp_path)
     with pytest.raises(ladder_plan.LadderError, match="another ladder is training in"):
-        ladder._hold_runs_folder(tmp_path)
+        ladder.hold_runs_folder(tmp_path)
     held.close()
-    ladder._hold_runs_folder(tmp_path).close()  # free again once the first ladder is done
+    ladder.hold_runs_folder(tmp_path).close()  # free again once the first ladder is done
 
 
 def test_the_time_estimate_schedules_phases_one_after_another():
