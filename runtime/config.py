@@ -29,6 +29,8 @@ class TrainerConfig:
     # optimizer state sharded over the data-parallel ranks (torch fully_shard per decoder layer,
     # sharded checkpoints). Both keep one global batch = data.batch_size rows split over the ranks.
     strategy: str = "auto"
+    # expert parallelism (fsdp2 only): each routed layer's experts split over groups of this many ranks; 1: off
+    expert_parallel: int = 1
     # what a non-finite loss or gradient norm does: "stop" ends the run naming the step (the last
     # checkpoint stays the last good one); "skip" leaves weights, optimizer state and router biases
     # untouched for that step and goes on (at most max_skipped_steps in a row, then stops). A skipped

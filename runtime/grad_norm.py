@@ -16,16 +16,12 @@ import torch
 
 
 def _sharded_dims(grad: Any) -> tuple[Any, tuple[int, ...]]:
-    """(mesh, the mesh dimensions ``grad`` is split over) for a DTensor gradient."""
-    from torch.distributed.tensor import Replicate
-
-    dims = tuple(i for i, p in enumerate(grad.placements) if not isinstance(p, Replicate))
-    for i in dims:
-        if not grad.placements[i].is_shard():
-            raise ValueError(
-                f"gradient placement {grad.placements[i]} on mesh dimension {i}: expected Shard or Replicate"
-            )
-    return grad.device_mesh, dims
+    """(mesh, the mesh dimensions ``grad`` is split over) for a DTensor gradient: every dimension that is not
+    a copy (``Shard``, and FSDP's ``_StridedShard`` on a dimension another mesh dimension splits too)."""
+    for i, p in enumerate(grad.placements):
+        if p.is_partial():
+            raise ValueError(f"gradient placement {p} on mesh dimension {i}: a pending sum, not a gradient")
+    return grad.device_mesh, tuple(i for i, p in enumerate(grad.placements) if not p.is_replicate())
 
 
 def total_grad_norm(params: Iterable[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -62,15 +62,19 @@ class LanguageModelModule(L.LightningModule):
 
     def configure_model(self) -> None:
         """FSDP2 (``trainer.strategy=fsdp2``): shard each decoder layer, then the rest, over the
-        data-parallel ranks. Other strategies need nothing here. ``trainer.activation_checkpointing``
-        is set first: each layer recomputes inside its own forward, so FSDP2's hooks wrap it."""
+        data-parallel ranks, the experts over ``trainer.expert_parallel`` ranks first
+        (runtime/strategies.py::shard_fsdp2). Other strategies need nothing here.
+        ``trainer.activation_checkpointing`` is set first: each layer recomputes inside its own forward, so
+        FSDP2's hooks wrap it."""
         if self.cfg.trainer.activation_checkpointing:
             self.model.set_activation_checkpointing(True)
         if self.cfg.trainer.strategy != "fsdp2" or getattr(self, "_sharded", False):
             return
         from runtime.strategies import mixed_precision_policy, shard_fsdp2
 
-        shard_fsdp2(self.model, self.device_mesh["data_parallel"], mixed_precision_policy(self.cfg.trainer.precision))
+        t = self.cfg.trainer
+        mesh = self.device_mesh["data_parallel"]
+        shard_fsdp2(self.model, mesh, mixed_precision_policy(t.precision), t.expert_parallel)
         self._set_hidden()  # the sharded model's hook-wrapped method
         self._sharded = True
 

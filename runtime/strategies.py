@@ -44,29 +44,61 @@ def mixed_precision_policy(precision: str) -> Any:
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
-def shard_fsdp2(model: Any, mesh: Any, mp_policy: Any = None) -> None:
+def expert_parallel_mesh(mesh: Any, expert_parallel: int) -> Any:
+    """The data-parallel ``mesh`` (1-D, W ranks) as the 2-D mesh ``(efsdp, ep)`` = ``(W / n, n)``: rank r at
+    ``(r // n, r % n)``, so an expert-parallel group is n consecutive ranks (one node's fast links first)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = mesh.size()
+    return init_device_mesh(
+        mesh.device_type, (world // expert_parallel, expert_parallel), mesh_dim_names=("efsdp", "ep")
+    )
+
+
+def shard_fsdp2(model: Any, mesh: Any, mp_policy: Any = None, expert_parallel: int = 1) -> None:
     """FSDP2 over ``mesh`` (a data-parallel device mesh). Units, each gathered only while it runs: every
     decoder layer, every MTP depth, the embedding, the head (one unit with the embedding when they are tied),
     then the root (the final norm, which the residual scheme reads by weight, and the scheme's weights). The
     embedding and head run more than once per step (backbone and each MTP depth): as units of their own, each
     use gathers them in forward and again in backward, and each backward reduces its share of the gradient.
-    ``mp_policy``: ``mixed_precision_policy(trainer.precision)``. Every place that shards the model calls this
-    (the trainer, the GPU check)."""
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    ``mp_policy``: ``mixed_precision_policy(trainer.precision)``.
 
-    kw = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
+    ``expert_parallel`` = n > 1: the mesh unflattened into ``(efsdp, ep)``; every routed layer's experts split
+    over ``ep`` (components/ffn/expert_parallel.py: whole experts, global names and shapes kept) and each
+    ``experts`` module an FSDP unit over ``efsdp`` (sharded on the expert dimension), everything else over all
+    ranks. Gradients are summed over ranks, never divided (runtime/data_parallel_loss.py says why); gloo has
+    no pre-multiplied sum, so the reductions are plain sums. Every place that shards the model calls this
+    (the trainer, the GPU check)."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+
+    from runtime.data_parallel_loss import sum_gradients_over_ranks
+
+    kw = {} if mp_policy is None else {"mp_policy": mp_policy}
+    if expert_parallel > 1:
+        from torch.distributed.tensor import Shard
+
+        from components.ffn.expert_parallel import distribute_experts
+
+        mesh2 = expert_parallel_mesh(mesh, expert_parallel)
+        for experts in distribute_experts(model, mesh2["ep"]):
+            fully_shard(experts, mesh=mesh2["efsdp"], shard_placement_fn=lambda p: Shard(0), **kw)
     for layer in model.layers:
-        fully_shard(layer, **kw)
+        fully_shard(layer, mesh=mesh, **kw)
     for depth in model.mtp:
-        fully_shard(depth, **kw)
+        fully_shard(depth, mesh=mesh, **kw)
     if model.lm_head.weight is model.embed.weight:
-        fully_shard([model.embed, model.lm_head], **kw)
+        fully_shard([model.embed, model.lm_head], mesh=mesh, **kw)
     else:
-        fully_shard(model.embed, **kw)
-        fully_shard(model.lm_head, **kw)
-    fully_shard(model, **kw)
+        fully_shard(model.embed, mesh=mesh, **kw)
+        fully_shard(model.lm_head, mesh=mesh, **kw)
+    fully_shard(model, mesh=mesh, **kw)
     for method in FSDP_FORWARD_METHODS:
         register_fsdp_forward_method(model, method)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    sum_gradients_over_ranks()
 
 
 class AtomicShardedStrategy(ModelParallelStrategy):

@@ -202,6 +202,7 @@ def validate(cfg: DictConfig) -> RootConfig:
     for key in ("balancer", "data", "optimizer", "schedule"):
         getattr(root, key).validate(root.model, key)
     check_kernel_backends(root)
+    check_expert_parallel(root)
     ranks = data_parallel_ranks(t)
     batch = root.data.batch_size
     if ranks:
@@ -212,6 +213,36 @@ def validate(cfg: DictConfig) -> RootConfig:
             f"(trainer.devices x trainer.num_nodes); use a multiple of {ranks}",
         )
     return root
+
+
+def check_expert_parallel(root: RootConfig) -> None:
+    """``trainer.expert_parallel``: only under fsdp2, dividing the data-parallel ranks and every routed layer's
+    experts (each rank holds whole experts), and dropless (a dropped pair has no place in the exchange)."""
+    t, key = root.trainer, "trainer.expert_parallel"
+    n = t.expert_parallel
+    check(isinstance(n, int) and n >= 1, key, f"must be a positive number of ranks (1: off), got {n!r}")
+    if n == 1:
+        return
+    check(t.strategy == "fsdp2", key, f"needs trainer.strategy=fsdp2, got '{t.strategy}'")
+    ranks = data_parallel_ranks(t)
+    check(
+        ranks is not None and ranks % n == 0,
+        key,
+        f"{n} must divide the data-parallel ranks (trainer.devices x trainer.num_nodes = {ranks})",
+    )
+    routed = [(k, c) for k, c in component_configs(root) if hasattr(c, "num_experts")]
+    check(bool(routed), key, "the model has no routed experts to split")
+    for ffn_key, ffn in routed:
+        check(
+            ffn.num_experts % n == 0,
+            f"{ffn_key}.num_experts",
+            f"{ffn.num_experts} experts cannot be split over {key}={n} ranks; use a multiple of {n}",
+        )
+        check(
+            ffn.capacity_factor is None,
+            f"{ffn_key}.capacity_factor",
+            f"token dropping is not supported with {key}={n}; set null (dropless)",
+        )
 
 
 def check_kernel_backends(root: RootConfig) -> None:
