@@ -18,7 +18,9 @@ Estimated (stated rules, not measurements of this model):
 
 * gathered units: forward holds a unit and the prefetched next one in the compute dtype; backward holds a
   unit, its unsharded gradients and the prefetched previous unit, so the peak is
-  ``max_i(2 P_i + P_(i-1))``; the root's parameters stay gathered throughout;
+  ``max_i(2 P_i + P_(i-1))``; the root's parameters stay gathered throughout. A layer and its routed
+  experts count as one unit (under expert parallelism the experts are a unit of their own, nested in the
+  layer's and gathered over ``efsdp`` while the layer runs: the same peak, or less);
 * activations: per token and layer, ``ACTIVATION_FACTOR`` x the inputs and outputs of every matrix product
   (``top_k`` rows for routed experts), in the compute dtype. Against the saved tensors of the torch
   reference paths of K3-shaped layers measured on the CPU this rule is high by 1.0-2.1x
@@ -452,3 +454,22 @@ def preference(p: MemoryPlan, gpus_per_node: int) -> tuple[int, bool, bool, int]
     straddles a node boundary unevenly); then the smaller ep (fewer all-to-all peers)."""
     aligned = gpus_per_node % p.ep == 0 or p.ep % gpus_per_node == 0
     return (p.gpus, p.activation_checkpointing, not aligned, p.ep)
+
+
+def traffic_bytes(inv: Inventory, mesh: Mesh, precision: str = "bf16-mixed") -> dict[str, int]:
+    """Bytes one rank receives per micro-step (ring collectives: ``(g - 1) / g`` of the gathered size over a
+    group of ``g``): FSDP all-gathers every unit in forward and again in backward (units reshard after
+    forward) and reduce-scatters every gradient in fp32; non-expert parameters over all ranks, experts over
+    efsdp. Each MoE layer's all-to-all runs four times (dispatch and combine, forward and backward) and twice
+    more when activation checkpointing recomputes the forward; ``(ep - 1) / ep`` of its rows leave the rank."""
+    mesh.check(inv)
+    b = compute_bytes(precision)
+    dense, experts = inv.total_params - inv.expert_params, inv.expert_params // mesh.ep
+    w, f = (mesh.gpus - 1) / mesh.gpus, (mesh.efsdp - 1) / mesh.efsdp
+    exchanges = 6 if mesh.activation_checkpointing else 4
+    rows = mesh.tokens * inv.top_k * inv.moe_layers * inv.routed_width * b
+    return {
+        "all_gather": round(2 * b * (dense * w + experts * f)),
+        "reduce_scatter": round(FP32 * (dense * w + experts * f)),
+        "all_to_all": round(exchanges * rows * (mesh.ep - 1) / mesh.ep),
+    }

@@ -31,11 +31,6 @@ from runtime import memory_accounting as accounting
 GPUS_PER_NODE = 8  # the node a refusal's suggestion assumes when the run does not say (a CPU run)
 
 
-def expert_parallel_size(trainer: Any) -> int:
-    """``trainer.expert_parallel`` (1: experts sharded like every other parameter)."""
-    return int(getattr(trainer, "expert_parallel", 1) or 1)
-
-
 def training_floor_bytes(root: Any, inv: Optional[accounting.Inventory] = None) -> tuple[int, int]:
     """(bytes, parameters) of weights + gradients + optimizer state for ``root``'s model on one device."""
     inv = inv or accounting.inventory_for(root)
@@ -127,7 +122,7 @@ def _gpus_per_node(trainer: Any) -> int:
 def mesh_overrides(plan: accounting.MemoryPlan, gpus_per_node: int) -> str:
     """The trainer overrides that train on ``plan``'s mesh."""
     nodes, per_node = (plan.gpus // gpus_per_node, gpus_per_node) if plan.gpus >= gpus_per_node else (1, plan.gpus)
-    out = f"trainer=fsdp2 trainer.devices={per_node} trainer.num_nodes={nodes}"
+    out = "trainer=gpu" if plan.gpus == 1 else f"trainer=fsdp2 trainer.devices={per_node} trainer.num_nodes={nodes}"
     if plan.ep > 1:
         out += f" trainer.expert_parallel={plan.ep}"
     if plan.activation_checkpointing:
@@ -181,7 +176,7 @@ def check_fits(root: Any) -> None:
         )
     else:
         inv = accounting.inventory_for(root)
-        ep = expert_parallel_size(t)
+        ep = t.expert_parallel
         floor = accounting.floor_bytes(inv, shards, ep, t.precision)
         if floor["total"] <= available:
             return

@@ -263,3 +263,18 @@ def test_fully_sharded_gpu_run_compares_each_gpu_with_its_shard_and_largest_unit
         memory_check.ConfigError, match=r"per GPU on 4 sharded GPUs .* largest unit \((embed|lm_head|layers\.\d+)\)"
     ):
         memory_check.check_fits(root)
+
+
+def test_expert_parallel_shrinks_the_gathered_unit_the_check_counts(monkeypatch):
+    """The same sharded MoE run: refused with every rank gathering all experts of a layer, accepted with
+    trainer.expert_parallel=2 on GPUs whose memory lies between the two floors."""
+    moe = ("ffn=moe", "ffn.num_experts=16", "ffn.expert_hidden_dim=1024")  # experts make the largest unit
+    common = ("model=tiny", *moe, "trainer.accelerator=gpu", "trainer.devices=2", "trainer.strategy=fsdp2")
+    _as_rank(monkeypatch, 0)
+    inv = accounting.inventory_for(compose_root(*common))
+    plain, split = (accounting.floor_bytes(inv, 2, ep, "32-true")["total"] for ep in (1, 2))
+    assert split < plain and accounting.gathered_peak(inv, 1)["largest_unit"].startswith("layers.")
+    FakeCuda(monkeypatch, count=2, total=split)
+    memory_check.check_fits(compose_root(*common, "trainer.precision=32-true", "trainer.expert_parallel=2"))
+    with pytest.raises(memory_check.ConfigError, match=r"\(expert_parallel 1\)"):
+        memory_check.check_fits(compose_root(*common, "trainer.precision=32-true"))
