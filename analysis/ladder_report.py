@@ -126,10 +126,12 @@ def read_rows(
     decision: Optional[str] = None,
     tokens_per_param: Optional[float] = None,
     minimum_rungs: Optional[dict[str, int]] = None,
+    one_multiple: bool = True,
 ) -> tuple[str, list[dict[str, Any]]]:
     """The decision and its runs, checked: every required column, numbers where numbers belong, one row
     per (arm, rung, seed), each arm with at least ``minimum_rungs[arm]`` rungs (2 for a ladder). A
-    ``ToolError`` names the first problem."""
+    ``ToolError`` names the first problem. With ``one_multiple`` a table of several token multiples needs
+    ``tokens_per_param`` to choose one (a local comparison's points are several multiples by design)."""
     name = path.name
     try:
         with open(path, newline="") as f:
@@ -181,7 +183,7 @@ def read_rows(
         rows.append(row)
     if multiples:
         values = sorted({r["tokens_per_param"] for r in rows})
-        if tokens_per_param is None and len(values) > 1:
+        if tokens_per_param is None and len(values) > 1 and one_multiple:
             listed = ", ".join(f"{v:g}" for v in values)
             raise ToolError(f"{name}: holds several token multiples ({listed}); choose one with --tokens-per-param")
         if tokens_per_param is not None:
@@ -477,6 +479,10 @@ def plot_loss(comparison: Comparison, metric: str, decision: str, path: Path) ->
     for i, arm in enumerate(ARMS):
         color = COLORS[arm]
         ax.scatter(*_runs_by_arm(ladder, arm), s=12, color=color, alpha=0.4)
+        screened = [(r["rung"], r["loss"]) for r in comparison.screened if r["arm"] == arm]
+        if screened and comparison.measured is not None:  # runs left out of the fits as diverged: crosses
+            compute = [comparison.measured.cell(arm, rung).compute for rung, _ in screened]
+            ax.scatter(compute, [loss for _, loss in screened], marker="x", s=30, color=color, label=f"{arm}: screened")
         ax.plot(*_means_by_arm(ladder, arm), "o", color=color, label=f"{arm} (mean over seeds)")
         if comparison.shared.ok:
             fitted = comparison.shared.predict(grid, i)

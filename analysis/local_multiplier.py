@@ -215,7 +215,7 @@ def read_local(source: str, metric: str = "val_bpb") -> tuple[str, Ladder]:
     path = Path(source)
     if path.is_dir():
         path = path / LOCAL_FILE
-    decision, rows = read_rows(ladder_csv(str(path)), minimum_rungs={"baseline": 3, "variant": 1})
+    decision, rows = read_rows(ladder_csv(str(path)), minimum_rungs={"baseline": 3, "variant": 1}, one_multiple=False)
     return decision, Ladder(Run(r["arm"], r["rung"], r["seed"], r["train_flops"], r[metric]) for r in rows)
 
 

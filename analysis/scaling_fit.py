@@ -2,10 +2,11 @@
 with bootstrap intervals, fit-free multipliers, the rollout check, the A/A null and extrapolations.
 
 The law, in compute ``C`` (training FLOPs), is ``L(C) = E + A * C^(-alpha)``, fitted as in Chinchilla's
-Approach 3 refitted by Besiroglu et al. (2024): the Huber loss (``delta = 1e-3``) of the residuals of
-``log L``, with ``log L = LSE(e, a - alpha * log C)`` (``E = exp(e)``, ``A = exp(a)``), minimised by L-BFGS
-(``scipy.optimize.minimize``, bounded) from a grid of starts, the best kept. Compute enters relative to
-the geometric mean of the fitted points (``c_ref``), so ``A`` is the reducible loss there.
+Approach 3 refitted by Besiroglu et al. (2024): the Huber loss (``delta`` matched to the seed noise of a
+cell mean, ``seed_noise_delta``) of the residuals of ``log L``, with ``log L = LSE(e, a - alpha * log C)``
+(``E = exp(e)``, ``A = exp(a)``), minimised by L-BFGS (``scipy.optimize.minimize``, bounded) from a grid of
+starts, the best kept. Compute enters relative to the geometric mean of the fitted points (``c_ref``), so
+``A`` is the reducible loss there.
 
 Three models (``MODELS``):
 
@@ -18,12 +19,11 @@ Three models (``MODELS``):
   (the irreducible loss is the data's), and because a 3-parameter fit per arm on 4 or 5 points
   trades ``E`` against ``alpha`` so freely that its exponent says little.
 
-Each arm-and-rung cell enters as the mean of its seeds, weighted by their number: with Huber's
-near-absolute regime (seed noise of ~0.005 bpb is several ``delta`` in ``log L``) two seeds at the same
-compute would leave the fitted value anywhere between them. A fit that does not converge (the optimizer
-fails, a parameter ends at its bound, too few points for its parameters, degenerate data) comes back
-with ``status="failed"`` and a ``reason``, never a number. Fits are deterministic and do not depend on
-the order of the rows.
+Each arm-and-rung cell enters as the mean of its seeds, weighted by their number. Before any fit a
+robust screen (``screen``) leaves out runs that look diverged and names them. A fit that does not
+converge (the optimizer fails, a parameter ends at its bound, too few points for its parameters,
+degenerate data) comes back with ``status="failed"`` and a ``reason``, never a number. Fits are
+deterministic and do not depend on the order of the rows.
 
 Intervals come from a bootstrap that resamples the seeds within each cell, paired across arms (at a
 rung where both arms ran the same seeds, one draw of seed indices serves both, since batches are a
@@ -38,10 +38,13 @@ per cell estimate it from few degrees of freedom (``df``: one per paired rung an
 ``N - p`` for resampled residuals), and at 5 rungs x 2 seeds the bare percentile interval covers the
 true ``k`` about 85% of the time at a nominal 90% (docs/ladder.md has the measurements). A ``verdict``
 names a sign only where the interval excludes the null (``k = 1``, a zero gap or exponent difference),
-and, for a fitted statistic, only where its fit passes the rollout check: fitted without the largest rung,
-it predicts that rung's loss with an error whose bootstrap interval (at ``ROLLOUT_CONFIDENCE``) covers
-zero. A fit that misses keeps its numbers and intervals (they measure the noise, not the misfit) and
-says which verdict it withholds and why.
+and, for a fitted statistic, only where every guard passes (``verdict_guards``): no run screened, no cell
+missing, the A/A null covering 1 at ``AA_CONFIDENCE``, and the rollout check -- each arm's largest rung
+predicted by the fit of the rungs below it with an error whose bootstrap interval (at
+``ROLLOUT_CONFIDENCE``) covers zero. A guard that cannot run (an arm without runs, failed refits, too few
+replicates for a 99% interval, no A/A seeds) withholds as one that fails. A statistic whose verdict is
+withheld keeps its numbers and intervals and says which guards withheld it and why. Every interval needs
+``TAIL_REPLICATES`` replicates beyond each end (``min_replicates``: 100 at 90%, 1,000 at 99%).
 Bootstrap refits start from the full data's optimum (then its next-best optima) and keep the first that
 converges; an interval whose refits fail more than 10% of the time is itself reported as failed.
 """

@@ -1,6 +1,7 @@
 """A scaling ladder: one K3 decision's two arms trained at several sizes with compute-proportional budgets.
 
-``python -m sweeps.run ladder DECISION [--preset cpu|gpu] [--jobs N] [--dry-run] [overrides...]``
+``python -m sweeps.run ladder DECISION [--preset cpu|cpu_depth|gpu] [--jobs N] [--dry-run] [--local |
+--rate-sensitivity] [overrides...]``
 
 A decision is ``sweeps/ladders/<DECISION>.yaml`` (``baseline`` and ``variant``: override lists, e.g.
 ``experiment=k3_small_plain_residual`` against ``experiment=k3_small``); a preset is

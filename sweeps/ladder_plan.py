@@ -598,8 +598,8 @@ def choose_learning_rates(
 def lr_rule_text(preset: Preset) -> str:
     """The learning-rate rule as the ladder table records it with every run."""
     rungs = ", ".join(r.name for r in preset.rungs[: preset.lr_sweep_rungs])
-    whose = "the baseline's, for both arms" if preset.lr_rule == "baseline" else "each arm's own"
-    return f"log lr = a + b log N fitted to {whose} best rates at {rungs}"
+    whose = "of the baseline, for both arms" if preset.lr_rule == "baseline" else "of each arm, for itself"
+    return f"log lr = a + b log N fitted to the best rates at {rungs} {whose}"
 
 
 def check_learning_rates(runs: list[LadderRun], summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

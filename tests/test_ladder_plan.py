@@ -386,7 +386,7 @@ def test_one_learning_rate_rule_for_both_arms_and_the_same_check():
     summaries[next(r.name for r in checks if r.arm == "variant" and r.lr_factor == 2.0)]["val"]["loss"] = 1.8
     result = ladder_plan.check_learning_rates(runs, summaries)
     assert result["baseline"]["flag"] == "" and result["variant"]["flag"] == "high"
-    assert "the baseline's, for both arms" in ladder_plan.lr_rule_text(p)
+    assert "of the baseline, for both arms" in ladder_plan.lr_rule_text(p)
 
 
 def test_a_local_comparison_brackets_the_variant_by_1_3x_in_compute():

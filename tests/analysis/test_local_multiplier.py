@@ -83,6 +83,12 @@ def test_the_command_writes_its_report_and_refuses_too_few_replicates(tmp_path, 
     from tests.analysis.synthetic_ladder import write_ladder_csv
 
     write_ladder_csv(tmp_path / "local.csv", synthetic_local(k=1.15, rng_seed=3), stability=False)
+    with open(tmp_path / "local.csv") as f:  # the ladder writes each point's token multiple: three of them
+        rows = [{**r, "tokens_per_param": {"b0": 15.4, "b1": 20, "b2": 26}[r["rung"]]} for r in csv.DictReader(f)]
+    with open(tmp_path / "local.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
     assert main([str(tmp_path), "--confidence", "0.99", "--bootstrap", "100"]) == 2
     assert "--bootstrap 100 is too few for a 99% interval" in capsys.readouterr().err
     assert main([str(tmp_path), "--bootstrap", "1000"]) == 0
