@@ -1,5 +1,6 @@
-"""Shared test setup: offline W&B, a GPU marker that skips without CUDA, and one share of the cores per
-pytest-xdist worker (helpers: tests/helpers.py)."""
+"""Shared test setup: offline W&B, a GPU marker that skips without CUDA, one share of the cores per
+pytest-xdist worker, and training runs in the test's own process (``train_run``, ``trained_run``; the
+functions behind them are in tests/helpers.py)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,31 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def train_cmd():
-    from tests.helpers import run_train  # imported after the setup above (its fork server keeps that environment)
+def train_run(tmp_path):
+    """``train_run(*overrides)``: ``python train.py overrides...`` trained in this process into ``tmp_path``
+    (unless the overrides name ``output_root``); a ``tests.helpers.TrainedRun`` (run folder, summary, console
+    output, metrics rows, losses)."""
+    from tests.helpers import train_in_process
 
-    return run_train
+    def train(*overrides: str, threads: int | None = None):
+        if not any(o.startswith("output_root=") for o in overrides):
+            overrides = (f"output_root={tmp_path}", *overrides)
+        return train_in_process(*overrides, threads=threads)
+
+    return train
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """``trained_run(*overrides)``: like ``train_run``, trained once per module for the same overrides, in a
+    folder of its own, for the tests of a module that read one run."""
+    from tests.helpers import train_in_process
+
+    runs = {}
+
+    def train(*overrides: str):
+        if overrides not in runs:
+            runs[overrides] = train_in_process(f"output_root={tmp_path_factory.mktemp('run')}", *overrides)
+        return runs[overrides]
+
+    return train

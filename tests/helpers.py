@@ -1,22 +1,27 @@
-"""Everything tests share: composing configs, building small models, running train.py, fault injection."""
+"""Everything tests share: composing configs, building small models, training runs (in this process, or as
+``train.py`` in a process of its own), fault injection."""
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import hashlib
+import io
+import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from components.model import Decoder
+from runtime.compose import compose, strip_hydra
 from runtime.config import RootConfig
-from runtime.launch import compose, strip_hydra
 from runtime.validation import validate
-from tests.fork_server import ForkedRun, ForkServer
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
@@ -48,12 +53,173 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-_FORK_SERVER = ForkServer()
-atexit.register(_FORK_SERVER.stop)
+# -- training runs in this process (the ``train_run`` / ``trained_run`` fixtures in tests/conftest.py) ----------
+# a tiny model on the byte corpus that a test trains in seconds, logging every step, with no compile and no time guard
+FAST = [
+    "model=tiny",
+    "data.seq_len=64",
+    "data.batch_size=8",
+    "data.val_tokens=2048",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "trainer.compile=false",
+    "trainer.max_time_minutes=null",
+]
 
 
+def only_run_dir(output_root: Path) -> Path:
+    """The one run folder under ``output_root``."""
+    dirs = [p for p in Path(output_root).iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    """Every row of the run's metrics.jsonl."""
+    from runtime.jsonl_logger import read_metrics
+
+    return read_metrics(str(Path(run_dir) / "metrics.jsonl"))
+
+
+def losses_by_step(run_dir: Path) -> dict[int, float]:
+    """The run's logged training losses by step (steps count from 0)."""
+    return {r["step"]: r["train/loss"] for r in metric_rows(run_dir) if "train/loss" in r}
+
+
+@dataclass
+class TrainedRun:
+    """What a run trained in this process left: its folder, its summary and what it printed."""
+
+    run_dir: Path
+    summary: dict
+    stdout: str
+
+    @property
+    def metrics(self) -> list[dict]:
+        return metric_rows(self.run_dir)
+
+    @property
+    def losses(self) -> dict[int, float]:
+        return losses_by_step(self.run_dir)
+
+
+class _Tee(io.TextIOBase):
+    """Writes to a buffer, and to the stream it stands in for (pytest's capture, shown when a test fails)."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.buffer = stream, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        return self.buffer.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def train_in_process(*overrides: str, threads: int | None = None) -> TrainedRun:
+    """``python train.py overrides...`` in this process: the config composed, validated and checked to fit
+    and the run folder chosen as the command line does (``runtime.train_command.prepare_single_run``), then
+    ``runtime.run.train``. Every process-wide setting a run changes is put back afterwards
+    (``isolated_process_state``); ``threads`` runs it on that many threads (a run compared bit for bit with
+    one started with ``OMP_NUM_THREADS``). Raises what the run raises (the command line turns ConfigError,
+    NonFiniteTrainingError and CheckpointWriteError into exit statuses 2, 3 and 4)."""
+    from runtime.run import train
+    from runtime.train_command import prepare_single_run
+
+    with isolated_process_state():
+        if threads is not None:
+            torch.set_num_threads(threads)
+        tee = _Tee(sys.stdout)
+        with contextlib.redirect_stdout(tee):
+            run = prepare_single_run(list(overrides))
+            summary = train(run.root, run.run_dir)
+        return TrainedRun(Path(run.run_dir), summary, tee.buffer.getvalue())
+
+
+@contextlib.contextmanager
+def isolated_process_state():
+    """Puts back what a training run changes in its process, so that runs and tests after it start as they
+    would in a fresh interpreter: the random generators (torch, CUDA, Python, NumPy), torch's thread count,
+    deterministic-algorithm flags, default dtype and matmul precision; the environment (W&B's mode and
+    service address, Lightning's seed variables); logger levels and handlers; warning filters; signal
+    handlers Lightning installs; Lightning's rank; ``sys.argv`` and the working folder. After it: a W&B run
+    still open is finished, Hydra's global state cleared, and torch.compile's caches reset when it compiled."""
+    import random
+
+    import numpy as np
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    rng = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    torch_flags = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.get_default_dtype(),
+        torch.get_float32_matmul_precision(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
+    environ = dict(os.environ)
+    named = logging.Logger.manager.loggerDict.values()
+    loggers = [logging.getLogger(), *(lg for lg in named if isinstance(lg, logging.Logger))]
+    logger_state = [(lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers]
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    rank = getattr(rank_zero_only, "rank", None)
+    argv, cwd = list(sys.argv), os.getcwd()
+    compiles_before = _dynamo_frames()
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish(exit_code=1)
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None
+        if _dynamo_frames() != compiles_before:
+            torch._dynamo.reset()
+        torch.set_rng_state(rng[0])
+        random.setstate(rng[1])
+        np.random.set_state(rng[2])
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        threads, deterministic, warn_only, dtype, matmul, cudnn_deterministic, cudnn_benchmark = torch_flags
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch.set_default_dtype(dtype)
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_deterministic, cudnn_benchmark
+        os.environ.clear()
+        os.environ.update(environ)
+        for lg, level, lg_handlers, propagate, disabled in logger_state:
+            lg.setLevel(level)
+            lg.handlers[:] = lg_handlers
+            lg.propagate, lg.disabled = propagate, disabled
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        if rank is None:
+            rank_zero_only.__dict__.pop("rank", None)
+        else:
+            rank_zero_only.rank = rank
+        sys.argv[:] = argv
+        os.chdir(cwd)
+
+
+def _dynamo_frames() -> int:
+    """How many frames torch.compile has compiled in this process (0 before it was first imported)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return 0 if dynamo is None else sum(dynamo.counters["frames"].values())
+
+
+# -- command-line runs in a process of their own ---------------------------------------------------------
 class _PlainRun:
-    """A run in a fresh interpreter, with ``ForkedRun``'s ``poll``, ``returncode`` and ``wait``."""
+    """A command started in a fresh interpreter: ``poll``, ``returncode``, and ``wait`` that gives what
+    ``subprocess.run`` would."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict) -> None:
         self.proc = subprocess.Popen(
@@ -78,17 +244,11 @@ class _PlainRun:
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
 
 
-def start_python(*command: str, env: dict | None = None, cwd: Path = REPO) -> ForkedRun | _PlainRun:
-    """``python command...`` (a script, ``-m module`` or ``-c code``, and its arguments) started in a process of its own
-    in ``cwd``, with this checkout (or ``cwd``) on PYTHONPATH; ``.wait(timeout)`` gives what ``subprocess.run``
-    would. Where it runs this checkout's code the process is forked from a server that has already imported
-    what a training run imports (tests/fork_server.py), which saves most of a short run's time; a fresh
-    interpreter otherwise, or everywhere with ``K3_TEST_FORK=0``."""
+def start_python(*command: str, env: dict | None = None, cwd: Path = REPO) -> _PlainRun:
+    """``python command...`` (a script, ``-m module`` or ``-c code``, and its arguments) started in a fresh
+    interpreter in ``cwd``, with this checkout (or ``cwd``) on PYTHONPATH and ``env`` added to this process's
+    environment. For what only a process of its own shows: exit statuses, a SIGKILL, several ranks."""
     full_env = {**os.environ, "PYTHONPATH": str(cwd), **(env or {})}
-    if Path(cwd).resolve() == REPO and os.environ.get("K3_TEST_FORK", "1") != "0":
-        forked = _FORK_SERVER.start(list(command), REPO, full_env)
-        if forked is not None:
-            return forked
     return _PlainRun([sys.executable, *command], cwd, full_env)
 
 
@@ -99,7 +259,7 @@ def run_python(
     return start_python(*command, env=env, cwd=cwd).wait(timeout)
 
 
-def start_train(*overrides: str, env: dict | None = None, cwd: Path = REPO) -> ForkedRun | _PlainRun:
+def start_train(*overrides: str, env: dict | None = None, cwd: Path = REPO) -> _PlainRun:
     """``python train.py overrides...`` started from the repository root (or ``cwd``): ``start_python``."""
     return start_python(str(Path(cwd) / "train.py"), *overrides, env=env, cwd=cwd)
 
@@ -107,7 +267,8 @@ def start_train(*overrides: str, env: dict | None = None, cwd: Path = REPO) -> F
 def run_train(
     *overrides: str, timeout: float = 600, env: dict | None = None, cwd: Path = REPO
 ) -> subprocess.CompletedProcess:
-    """``python train.py overrides...`` run to its end (``start_python``)."""
+    """``python train.py overrides...`` run to its end in a process of its own (``start_python``); a test of
+    what a run produces trains in this process instead (``train_in_process``)."""
     return start_train(*overrides, env=env, cwd=cwd).wait(timeout)
 
 
@@ -131,8 +292,8 @@ def tree_hash(root: Path) -> str:
 def save_run(root: RootConfig, model: Decoder, run_dir: Path) -> Path:
     """A run folder as far as ``load_run`` and ``analysis.export`` read one: ``checkpoints/last.ckpt`` with
     the training module's weights (``model.`` keys) and the run's composed config, as train.py saves it."""
+    from runtime.checkpoints.layout import CONFIG_KEY, MODULE_PREFIX
     from runtime.config import to_container
-    from runtime.load_run import CONFIG_KEY, MODULE_PREFIX
 
     path = run_dir / "checkpoints" / "last.ckpt"
     path.parent.mkdir(parents=True)
