@@ -1,11 +1,12 @@
 """Compare runs side by side: a table (markdown + CSV) and plots, from local run or sweep folders.
 
-    python -m analysis.compare RUNS... [--out outputs/compare] [--html]
+    python -m analysis.compare RUNS... [--out outputs/compare] [--html] [--wandb-workspace FILE.json]
 
 RUNS: sweep folders (their ``index.jsonl`` lists the jobs and the options the sweep varied), run folders
-(``summary.json`` + ``metrics.jsonl``), W&B offline run directories inside a run folder
-(``<run>/wandb/offline-run-*``: read through their run folder, which holds the same logged values), or
-online W&B runs: ``wandb:ENTITY/PROJECT`` or ``wandb:ENTITY/PROJECT/GROUP`` (analysis/wandb_source.py).
+(``summary.json`` + ``metrics.jsonl``), W&B offline runs (an ``offline-run-*`` folder, copied alone or in
+place, or a run folder's ``wandb/`` folder: read with wandb's own reader, the same columns, a sweep's point
+and varied options from the run's config), or online W&B runs: ``wandb:ENTITY/PROJECT`` or
+``wandb:ENTITY/PROJECT/GROUP`` (analysis/wandb_source.py).
 
 Writes into ``--out``:
 * ``table.md`` / ``table.csv``: per run its varied options, steps, final and best validation loss and
@@ -23,7 +24,10 @@ Writes into ``--out``:
   ``recall_width.png`` / ``recall_state.png``, accuracy against width and against decoding state size,
   one line per mixer (``analysis/recall.py``);
 * ``depth_<n>_<label>.png``: AttnRes depth weights of the last validation (runs with AttnRes);
-* ``index.html`` with ``--html``: the tables and figures on one page.
+* ``index.html`` with ``--html``: the tables and figures on one page;
+* with ``--wandb-workspace FILE.json``: the study's W&B workspace as a saved-view definition (loss and
+  bits per byte against tokens and FLOPs grouped by what the study varies, MaxVio per layer, largest
+  activations; analysis/wandb_workspace.py), saved to the server too with ``--save-workspace``.
 """
 
 from __future__ import annotations
@@ -165,14 +169,19 @@ def collect(paths: list[str], wandb_api: Any = None) -> list[Run]:
 
     runs: list[Run] = []
     for path in paths:
-        if wandb_source.is_wandb_path(path):
-            for run_id, varied, summary, metrics in wandb_source.fetch_runs(path, wandb_api):
+        if wandb_source.is_wandb_path(path) or wandb_source.is_offline_path(path):
+            found = (
+                wandb_source.fetch_runs(path, wandb_api)
+                if wandb_source.is_wandb_path(path)
+                else wandb_source.read_offline(path)
+            )
+            for run_id, varied, summary, metrics in found:
                 label = ", ".join(f"{k}={v}" for k, v in varied.items()) or summary.get("name") or run_id
                 runs.append(Run(None, label, varied, summary, metrics))
             continue
         p = Path(path)
         if p.name.startswith("offline-run-") and p.parent.name == "wandb":
-            p = p.parent.parent
+            p = p.parent.parent  # a W&B folder without its log: the run folder around it
         if (p / INDEX_FILE).exists():
             for entry in sorted(read_index(str(p)), key=lambda e: e["job"]):
                 if entry.get("status") == "finished":
@@ -365,7 +374,42 @@ def write_html(out: Path, tables: list[tuple[str, list[str], list[list[Any]]]], 
     return path
 
 
-def compare(paths: list[str], out: str, make_html: bool = False, wandb_api: Any = None) -> dict[str, Any]:
+def study_group(paths: list[str]) -> Optional[str]:
+    """The W&B group of a study given as one sweep folder (``sweep-<folder>``) or one W&B group; else None."""
+    from analysis import wandb_source
+
+    if len(paths) != 1:
+        return None
+    if wandb_source.is_wandb_path(paths[0]):
+        return wandb_source.parse_path(paths[0])[1]
+    p = Path(paths[0])
+    return f"sweep-{p.resolve().name}" if (p / INDEX_FILE).exists() else None
+
+
+def write_workspace(
+    runs: list[Run], paths: list[str], path: str, entity: str, project: str, save: bool = False
+) -> dict[str, Any]:
+    """The study's W&B workspace definition written to ``path`` (analysis/wandb_workspace.py); saved to the
+    server with ``save`` where credentials allow."""
+    from analysis import wandb_workspace
+
+    varied = list(dict.fromkeys(k for r in runs for k in r.varied))
+    name = "study " + ", ".join(Path(p.rstrip("/")).name for p in paths)
+    workspace = wandb_workspace.study_workspace(name[:120], varied, entity, project, study_group(paths))
+    out = {"workspace": str(wandb_workspace.write_definition(workspace, Path(path)))}
+    if save:
+        out["workspace_url"] = wandb_workspace.save(workspace)
+    return out
+
+
+def compare(
+    paths: list[str],
+    out: str,
+    make_html: bool = False,
+    wandb_api: Any = None,
+    workspace: Optional[dict[str, Any]] = None,
+) -> dict[str, Any]:
+    """``workspace``: also write the study's W&B workspace (``write_workspace``'s path, entity, project, save)."""
     runs = collect(paths, wandb_api)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -402,6 +446,8 @@ def compare(paths: list[str], out: str, make_html: bool = False, wandb_api: Any 
     result = {"runs": len(runs), "table": str(out_dir / "table.md"), "images": [str(p) for p in images]}
     if make_html:
         result["html"] = str(write_html(out_dir, tables, images))
+    if workspace is not None:
+        result.update(write_workspace(runs, paths, **workspace))
     print(md)
     return result
 
@@ -417,15 +463,41 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--out", type=new_output_path, default="outputs/compare", help="output folder (default: outputs/compare)"
     )
     p.add_argument("--html", action="store_true", help="also write index.html with the tables and figures")
+    p.add_argument(
+        "--wandb-workspace",
+        metavar="FILE.json",
+        help="also write the study's W&B workspace (loss and bpb against tokens and FLOPs grouped by what it "
+        "varies, MaxVio per layer, largest activations) as a saved-view definition; needs the "
+        "wandb-workspaces extra",
+    )
+    p.add_argument("--wandb-entity", default=os.environ.get("WANDB_ENTITY", ""), help="the workspace's W&B entity")
+    p.add_argument("--wandb-project", default="k3-sandbox", help="the workspace's W&B project (default: k3-sandbox)")
+    p.add_argument(
+        "--save-workspace", action="store_true", help="also save the workspace to the W&B server (needs credentials)"
+    )
     args = p.parse_args(argv)
+    workspace = None
+    if args.wandb_workspace:
+        try:
+            import wandb_workspaces  # noqa: F401
+        except ImportError:
+            p.error("--wandb-workspace needs the wandb-workspaces package: pip install -e '.[wandb-workspaces]'")
+        workspace = dict(
+            path=args.wandb_workspace, entity=args.wandb_entity, project=args.wandb_project, save=args.save_workspace
+        )
+    elif args.save_workspace:
+        p.error("--save-workspace saves the workspace --wandb-workspace FILE.json writes: give that too")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         p.error(f"argument --out: '{args.out}' is a file, not a folder for the comparison")
     try:
-        result = compare(args.runs, args.out, args.html)
+        result = compare(args.runs, args.out, args.html, workspace=workspace)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print("wrote " + ", ".join([result["table"], *result["images"], *([result["html"]] if "html" in result else [])]))
+    extra = [result[k] for k in ("html", "workspace") if k in result]
+    print("wrote " + ", ".join([result["table"], *result["images"], *extra]))
+    if result.get("workspace_url"):
+        print(f"saved the W&B workspace: {result['workspace_url']}")
     return 0
 
 

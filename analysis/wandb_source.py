@@ -1,19 +1,26 @@
-"""Runs of an online W&B project or group, in the shape ``analysis.compare`` reads from run folders.
+"""W&B runs in the shape ``analysis.compare`` reads from run folders: online projects and groups, and
+offline run folders read with wandb's own reader.
 
     wandb:ENTITY/PROJECT            every finished run of the project
     wandb:ENTITY/PROJECT/GROUP      the finished runs of one group (a sweep: ``sweep-<folder>``)
+    <run folder>/wandb              the offline runs recorded there
+    .../offline-run-<time>-<id>     one offline run (a copied folder alone is enough)
 
-Per run: the summary (``val/*`` final metrics and ``runtime.loggers.WANDB_SUMMARY_FIELDS``, written at the
-end of every training run), the logged history (step =
-``trainer/global_step``), and the varied options from the ``key=value`` tags every sweep job carries.
-Needs network access and W&B credentials; nothing is written except the figures and tables of compare.
+Per run: the summary (the run's whole ``summary.json`` record, written into its W&B summary at the end of
+training; runs from before that: ``val/*`` and a few counts), the logged history (step =
+``trainer/global_step``), and the varied options: the ``sweep`` node of the run's config (a sweep's point
+and varied keys), else the ``key=value`` tags every sweep job carries. Online projects need network access
+and W&B credentials; offline folders are read with ``wandb leet inspect`` (``runtime/wandb_offline.py``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterable, Optional
 
 PREFIX = "wandb:"
+# the summary.json fields the W&B summary of runs from before the whole record held
+_OLD_SUMMARY_FIELDS = ("steps", "train_tokens", "tokens_per_s", "params", "active_params", "d_model", "metric")
 
 
 def is_wandb_path(path: str) -> bool:
@@ -55,25 +62,66 @@ def history_records(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return records
 
 
-def summary_of(run: Any) -> dict[str, Any]:
-    """A run's W&B summary in the shape of a run folder's summary.json."""
-    summary = dict(run.summary)
-    out: dict[str, Any] = {
-        "name": run.name,
-        "val": {
-            k[len("val/") :]: v for k, v in summary.items() if k.startswith("val/") and isinstance(v, (int, float))
-        },
-    }
-    from runtime.loggers import WANDB_SUMMARY_FIELDS
+def _last(value: Any) -> Any:
+    """A summary value, or the last of a ``define_metric`` summary (``{"min": .., "last": ..}``)."""
+    return value.get("last") if isinstance(value, dict) else value
 
-    for key in WANDB_SUMMARY_FIELDS:
-        if key in summary:
-            out[key] = summary[key]
+
+def summary_record(summary: dict[str, Any], name: str) -> dict[str, Any]:
+    """A run's W&B summary in the shape of a run folder's summary.json."""
+    out: dict[str, Any] = {"name": name}
+    if isinstance(summary.get("val"), dict):  # the whole summary.json record
+        out.update({k: v for k, v in summary.items() if "/" not in k and not k.startswith("_")})
+    else:
+        out["val"] = {
+            k[len("val/") :]: _last(v)
+            for k, v in summary.items()
+            if k.startswith("val/") and isinstance(_last(v), (int, float))
+        }
+        out.update({k: summary[k] for k in _OLD_SUMMARY_FIELDS if k in summary})
+    out["name"] = out.get("name") or name
     out["eval"] = {
         k[len("eval/") :]: v for k, v in summary.items() if k.startswith("eval/") and isinstance(v, (int, float))
     }
     if "steps" not in out and "trainer/global_step" in summary:
         out["steps"] = summary["trainer/global_step"]
+    return out
+
+
+def summary_of(run: Any) -> dict[str, Any]:
+    """An online run's W&B summary in the shape of a run folder's summary.json."""
+    return summary_record(dict(run.summary), run.name)
+
+
+def varied_of(config: dict[str, Any], tags: Iterable[str]) -> dict[str, str]:
+    """A sweep job's point and varied options: its config's ``sweep`` node (full values), else its tags."""
+    sweep = config.get("sweep")
+    if isinstance(sweep, dict) and sweep:
+        return {k: str(v) for k, v in sweep.items() if k != "group"}
+    return varied_from_tags(tags)
+
+
+def is_offline_path(path: str) -> bool:
+    """A W&B offline run folder, or a ``wandb`` folder holding some (a run folder's)."""
+    from runtime.wandb_offline import is_offline_run, segments
+
+    p = Path(path)
+    return is_offline_run(p) or (p.is_dir() and p.name == "wandb" and bool(segments(p)))
+
+
+def read_offline(path: str) -> list[tuple[str, dict[str, str], dict[str, Any], list[dict[str, Any]]]]:
+    """(run id, varied options, summary, history records) of every finished offline run at ``path``."""
+    from runtime.wandb_offline import is_offline_run, read_folder, runs_in
+
+    p = Path(path)
+    runs = [read_folder(p)] if is_offline_run(p) else runs_in(p)
+    out = []
+    for run in runs:
+        if not run.finished:
+            continue
+        out.append((run.run_id, varied_of(run.config, run.tags), summary_record(run.summary, run.name), run.history))
+    if not out:
+        raise FileNotFoundError(f"{path}: no finished W&B offline run")
     return out
 
 
@@ -89,7 +137,8 @@ def fetch_runs(path: str, api: Any = None) -> list[tuple[str, dict[str, str], di
     for run in api.runs(project, filters=filters):
         if getattr(run, "state", "finished") != "finished":
             continue
-        out.append((run.id, varied_from_tags(run.tags), summary_of(run), history_records(run.scan_history())))
+        config = dict(getattr(run, "config", {}) or {})
+        out.append((run.id, varied_of(config, run.tags), summary_of(run), history_records(run.scan_history())))
     if not out:
         raise FileNotFoundError(f"{path}: no finished W&B runs" + (f" in group {group}" if group else ""))
     return out

@@ -1,7 +1,10 @@
 """A Lightning logger that appends every logged metric to ``metrics.jsonl`` in the run folder.
 
 One JSON object per logging call (``{"step": ..., "train/loss": ...}``), flushed at once, so the file
-is readable while the run goes on and after a crash; the analysis tools read it when W&B is absent.
+is readable while the run goes on and after a crash; the analysis tools read it when W&B is absent. A
+resumed run appends to the file and leaves out what it already holds: a step repeated after the
+checkpoint, a final validation at the step of the last one (``runtime/metric_ledger.py``), so each step's
+training and validation record appears once, in order.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
 from runtime.json_records import read_json_lines
+from runtime.metric_ledger import MetricLedger
 
 
 class JSONLLogger(Logger):
@@ -23,6 +27,7 @@ class JSONLLogger(Logger):
         self._name = name
         self._version = version
         self.path = os.path.join(save_dir, "metrics.jsonl")
+        self.ledger = MetricLedger.from_metrics_file(self.path)
 
     @property
     def name(self) -> str:
@@ -49,6 +54,8 @@ class JSONLLogger(Logger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+        if not self.ledger.is_new(step, metrics):
+            return
         os.makedirs(self._save_dir, exist_ok=True)
         record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
         with open(self.path, "a") as f:

@@ -235,18 +235,14 @@ class LanguageModelModule(L.LightningModule):
         stacked = self.trainer.strategy.reduce(stacked, reduce_op="sum")
         metrics = self.dataset.finish_metrics({k: float(v) for k, v in zip(keys, stacked)})
         self.last_val_metrics = {k: float(v) for k, v in metrics.items()}
-        for k, v in getattr(self, "_activations", {}).items():
-            self.log(f"act/{k}", v, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
-        for k, v in self.last_val_metrics.items():
-            self.log(
-                f"val/{k}",
-                v,
-                on_step=False,
-                on_epoch=True,
-                prog_bar=k in ("loss", self.dataset.metrics.primary),
-                sync_dist=False,
-                rank_zero_only=True,
-            )
+        record = {f"act/{k}": v for k, v in getattr(self, "_activations", {}).items()}
+        record.update({f"val/{k}": v for k, v in self.last_val_metrics.items()})
+        for key, v in record.items():  # progress bar and callback metrics; the loggers get the record below
+            shown = key in ("val/loss", f"val/{self.dataset.metrics.primary}")
+            self.log(key, v, on_step=False, on_epoch=True, prog_bar=shown, sync_dist=False, logger=False)
+        from runtime.loggers import log_validation
+
+        log_validation(self.trainer, record)  # at the step the weights are at, with the compute axis
 
     # -- optimisation ---------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:

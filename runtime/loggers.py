@@ -1,4 +1,5 @@
-"""W&B + local JSONL loggers for a run; names, groups and tags derived from the chosen components."""
+"""W&B + local JSONL loggers for a run: W&B's name, group and job type from runtime/run_identity.py, tags
+from the chosen components, a resumed run's missing history replayed from metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -6,17 +7,7 @@ import netrc
 import os
 from typing import Any
 
-# the summary.json fields a finished run also writes into its W&B summary (analysis/wandb_source.py reads them)
-WANDB_SUMMARY_FIELDS = (
-    "steps",
-    "train_tokens",
-    "tokens_per_s",
-    "params",
-    "active_params",
-    "d_model",
-    "decode_state_numbers",
-    "metric",
-)
+from runtime.metric_ledger import record_key
 
 
 def component_tags(root: Any) -> list[str]:
@@ -63,51 +54,144 @@ def _is_global_zero() -> bool:
     return getattr(rank_zero_only, "rank", 0) == 0
 
 
-def build_loggers(root: Any, run_dir: str, run_name: str, config_dict: dict, resume_id: str | None) -> tuple[list, Any]:
+def build_loggers(
+    root: Any,
+    run_dir: str,
+    run_name: str,
+    config_dict: dict,
+    resume_id: str | None,
+    overrides: list[str] | None = None,
+    job_type: str | None = None,
+) -> tuple[list, Any]:
     """Loggers for the trainer and the W&B logger (or None).
 
+    ``overrides``: the run's command-line overrides (None: the running Hydra job's), which name the W&B
+    run and its group (``runtime/run_identity.py``); ``job_type``: None for ``logger.job_type`` where the
+    config has one, else ``sweep-point`` when ``config_dict`` has a ``sweep`` node, else ``train``.
+
     W&B never ends a run: if the online run cannot start (no network, bad credentials, server down)
-    the run is recorded offline instead (``wandb sync`` uploads it later), and if logging fails
-    mid-run W&B is dropped with a warning while metrics.jsonl keeps everything.
+    the run is recorded offline instead (``wandb sync`` uploads it later); if W&B cannot start at all the
+    run goes on without it; if logging fails mid-run W&B is dropped with a warning while metrics.jsonl
+    keeps everything. A resumed run's W&B history gets the records of ``metrics.jsonl`` it lacks (the
+    steps a killed process logged there but W&B never wrote) before training goes on.
     """
     from runtime.jsonl_logger import JSONLLogger
 
-    loggers: list = [JSONLLogger(run_dir, name=run_name)]
-    wandb_logger = None
+    jsonl = JSONLLogger(run_dir, name=run_name)
+    loggers: list = [jsonl]
     lc = root.logger
     mode = wandb_mode(lc.mode)
-    if lc.name == "wandb" and mode != "disabled":
-        from runtime.safe_wandb import SafeWandbLogger
+    if lc.name != "wandb" or mode == "disabled":
+        return loggers, None
+    from runtime.metric_ledger import MetricLedger
+    from runtime.run_identity import fit_tags, job_type_for, run_identity
+    from runtime.safe_wandb import SafeWandbLogger
 
-        tags = list(dict.fromkeys(component_tags(root) + list(lc.tags)))
-        kwargs = dict(
-            name=run_name,
-            project=lc.project,
-            entity=lc.entity,
-            group=lc.group or default_run_name(root),
-            tags=tags,
-            save_dir=run_dir,
-            id=resume_id,
-            resume="allow" if resume_id else None,
-            config=config_dict,
+    job_type = job_type or getattr(lc, "job_type", None) or job_type_for(config_dict.get("sweep"))
+    identity = run_identity(root, overrides, run_dir, job_type, group=lc.group or None)
+    wanted = [*component_tags(root), f"layers:{identity.plans['layer_plan']}", *lc.tags]
+    tags, cut = fit_tags(wanted)
+    run_fields = identity.config_fields()
+    if cut:
+        run_fields["tags_cut"] = cut  # the full value of every tag W&B's 64 characters could not hold
+    kwargs = dict(
+        name=identity.name,
+        project=lc.project,
+        entity=lc.entity,
+        group=identity.group,
+        job_type=identity.job_type,
+        tags=tags,
+        save_dir=run_dir,
+        id=resume_id,
+        resume="allow" if resume_id else None,
+        config={**config_dict, "run": run_fields},
+    )
+    earlier = jsonl.ledger.earlier
+
+    def make(offline: bool) -> Any:
+        extra = {"mode": "offline"} if offline else {}
+        return SafeWandbLogger(
+            offline=offline,
+            settings=_wandb_settings(lc.init_timeout_s),
+            ledger=MetricLedger(earlier),
+            **extra,
+            **kwargs,
         )
-        wandb_logger = SafeWandbLogger(offline=mode == "offline", settings=_wandb_settings(lc.init_timeout_s), **kwargs)
-        if _is_global_zero() and mode == "online":
-            try:
-                wandb_logger.experiment  # start the run now, so a failure is handled before training
-            except Exception as err:  # wandb raises several types for network and auth failures
-                print(
-                    f"warning: W&B online run could not start ({type(err).__name__}: "
-                    f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); recording it offline in "
-                    f"{run_dir}/wandb instead (upload later with `wandb sync`)"
-                )
-                _finish_quietly()
-                os.environ["WANDB_MODE"] = "offline"  # also for any later wandb.init in this process
-                wandb_logger = SafeWandbLogger(
-                    offline=True, mode="offline", settings=_wandb_settings(lc.init_timeout_s), **kwargs
-                )
+
+    wandb_logger = make(mode == "offline")
+    if not _is_global_zero():
         loggers.append(wandb_logger)
+        return loggers, wandb_logger
+    offline = mode == "offline"
+    earlier_segments = _offline_history(run_dir, resume_id) if resume_id else None
+    try:
+        wandb_logger.experiment  # start the run now, so a failure is handled before training
+    except Exception as err:  # wandb raises several types for network, auth and settings failures
+        _finish_quietly()
+        if offline:
+            print(f"warning: W&B could not start ({_one_line(err)}); this run goes on without W&B (metrics.jsonl)")
+            return loggers, None
+        print(
+            f"warning: W&B online run could not start ({_one_line(err)}); recording it offline in "
+            f"{run_dir}/wandb instead (upload later with `wandb sync`)"
+        )
+        os.environ["WANDB_MODE"] = "offline"  # also for any later wandb.init in this process
+        offline = True
+        wandb_logger = make(True)
+        try:
+            wandb_logger.experiment
+        except Exception as err2:
+            _finish_quietly()
+            print(f"warning: W&B could not start ({_one_line(err2)}); this run goes on without W&B (metrics.jsonl)")
+            return loggers, None
+    if offline:
+        rows_before, present = earlier_segments or (0, set())
+        missing = [r for r in earlier if record_key(r.get("step"), r) not in present]
+    else:  # W&B's own resume: the server's rows are the first of metrics.jsonl's records, in order
+        rows_before = int(getattr(wandb_logger.experiment, "step", 0) or 0)
+        missing = earlier[rows_before:]
+    wandb_logger.start(rows_before, missing)
+    loggers.append(wandb_logger)
     return loggers, wandb_logger
+
+
+def _offline_history(run_dir: str, run_id: str) -> tuple[int, set] | None:
+    """(history rows, their record keys) of the offline segments of run ``run_id`` already in ``run_dir``,
+    read with wandb's own reader; None when it cannot read them (the replay then starts from nothing)."""
+    from runtime.wandb_offline import read_run, segments
+
+    folders = segments(os.path.join(run_dir, "wandb"), run_id)
+    if not folders:
+        return None
+    try:
+        run = read_run(folders)
+    except Exception as err:  # a missing or failing reader: W&B's history may then hold a step twice
+        print(f"warning: earlier W&B segments of this run unreadable ({_one_line(err)}); replaying metrics.jsonl")
+        return None
+    return run.rows, {record_key(r["step"], r) for r in run.history}
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def log_validation(trainer: Any, metrics: dict[str, float]) -> None:
+    """One validation's record to every logger, at ``trainer.global_step``: the step the weights are at
+    (inside training Lightning would log it one step early, as the next step's training row), with the
+    compute axis of the callbacks that keep one (``compute_axis``: ``perf/tokens``, ``perf/flops``). A final
+    validation at the step of the last one is the same record, which the loggers keep once."""
+    if trainer.sanity_checking or not trainer.is_global_zero:
+        return
+    step = trainer.global_step
+    record = dict(metrics)
+    for callback in trainer.callbacks:
+        axis = getattr(callback, "compute_axis", None)
+        if axis is not None:
+            record.update(axis(trainer, step))
+    for logger in trainer.loggers:
+        logger.log_metrics(record, step=step)
+        logger.save()
 
 
 def _finish_quietly(exit_code: int = 1) -> None:

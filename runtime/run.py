@@ -255,12 +255,8 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
             "metric": dataset.metrics.record(),  # which of them is primary, and whether higher is better
             "baselines": dataset.baselines(),
         }
-        if wandb_logger is not None and trainer.is_global_zero and not wandb_logger.broken:
-            # what analysis.compare reads from an online project besides the logged history
-            from runtime.loggers import WANDB_SUMMARY_FIELDS
-
-            counts = {k: summary[k] for k in WANDB_SUMMARY_FIELDS}
-            wandb_logger.guarded("summary", wandb_logger.experiment.summary.update, counts)
+        if wandb_logger is not None and trainer.is_global_zero:
+            wandb_logger.finish_summary(summary)  # the whole record: what analysis.compare reads from W&B
     finally:
         if trainer.is_global_zero:
             run_info["status"] = status

@@ -1,4 +1,5 @@
-"""Tokens per second and model FLOPs utilisation (MFU), logged every optimizer step."""
+"""Tokens per second and model FLOPs utilisation (MFU) over each logging interval, and the cumulative
+tokens and FLOPs every logged row is measured at."""
 
 from __future__ import annotations
 
@@ -55,7 +56,18 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
 
 
 class Throughput(L.Callback):
-    """Logs ``perf/tokens_per_s`` and ``perf/mfu`` per optimizer step (all ranks' tokens together)."""
+    """Throughput and the compute axis of the logged history (all ranks' tokens together).
+
+    * ``perf/tokens_per_s``: the tokens of the steps since the last logged one over their training time
+      (validation excluded): the rate over the logging interval, not one step's; ``perf/mfu`` likewise.
+    * ``perf/tokens`` and ``perf/flops``: tokens and training FLOPs (``flops_per_token`` each) the model
+      had trained on when the row's metrics were measured, counted from step 0 (a resumed run's earlier
+      steps included): ``step x tokens per optimizer step`` in a training row (its loss is measured
+      before that step's update) and in a validation row alike, so loss against tokens or FLOPs lines up.
+
+    ``total_tokens`` / ``train_seconds``: this process's training tokens and time, start-up and compilation
+    included (the summary's ``tokens_per_s``).
+    """
 
     def __init__(self, flops_per_token: float, tokens_per_micro_batch: int, peak: Optional[float] = None):
         self.flops_per_token = flops_per_token
@@ -64,7 +76,9 @@ class Throughput(L.Callback):
         self.peak_source = ""
         self._last: Optional[float] = None
         self._paused_at: Optional[float] = None
-        self._tokens = 0
+        self._step_tokens = 0  # this optimizer step's micro-batches so far
+        self._interval_tokens = 0  # the steps since the last logged one
+        self._interval_seconds = 0.0
         self.total_tokens = 0
         self.train_seconds = 0.0
 
@@ -73,29 +87,40 @@ class Throughput(L.Callback):
             self.peak, self.peak_source = peak_flops(pl_module.device, str(trainer.precision))
         self._last = time.perf_counter()
 
+    def tokens_per_step(self, trainer: L.Trainer) -> int:
+        return self.tokens_per_micro_batch * trainer.accumulate_grad_batches
+
+    def compute_axis(self, trainer: L.Trainer, step: int) -> dict[str, float]:
+        """``perf/tokens`` and ``perf/flops`` after ``step`` optimizer steps (a validation record's too:
+        runtime/loggers.py::log_validation)."""
+        tokens = float(step * self.tokens_per_step(trainer))
+        return {"perf/tokens": tokens, "perf/flops": tokens * self.flops_per_token}
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._tokens += self.tokens_per_micro_batch
+        self._step_tokens += self.tokens_per_micro_batch
         if trainer.fit_loop._should_accumulate():
             return
         now = time.perf_counter()
-        elapsed = now - (self._last or now)
+        elapsed = now - self._last if self._last is not None else 0.0
         self._last = now
-        self.total_tokens += self._tokens
+        self.total_tokens += self._step_tokens
         self.train_seconds += elapsed
-        if elapsed > 0:
-            tps = self._tokens / elapsed
+        self._interval_tokens += self._step_tokens
+        self._interval_seconds += elapsed
+        self._step_tokens = 0
+        if self._interval_seconds > 0:
+            tps = self._interval_tokens / self._interval_seconds
             pl_module.log("perf/tokens_per_s", tps, on_step=True, on_epoch=False, prog_bar=True)
             if self.peak:
-                pl_module.log(
-                    "perf/mfu",
-                    tps * self.flops_per_token / (self.peak * trainer.world_size),
-                    on_step=True,
-                    on_epoch=False,
-                )
-        pl_module.log("perf/tokens", float(self.total_tokens), on_step=True, on_epoch=False)
-        self._tokens = 0
+                mfu = tps * self.flops_per_token / (self.peak * trainer.world_size)
+                pl_module.log("perf/mfu", mfu, on_step=True, on_epoch=False)
+        # the row this step's metrics go to: the steps taken before this one's update
+        for key, value in self.compute_axis(trainer, trainer.global_step - 1).items():
+            pl_module.log(key, value, on_step=True, on_epoch=False)
+        if trainer._logger_connector.should_update_logs:  # Lightning writes this step's row: a new interval
+            self._interval_tokens, self._interval_seconds = 0, 0.0
 
     # validation time is not training time
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -1,16 +1,16 @@
-"""analysis.compare on an online W&B project/group.
+"""analysis.compare on W&B runs: offline run folders read with wandb's own reader, and an online project or
+group.
 
-No W&B server is reachable here, so the runs come from a real offline W&B run (read back with
-``wandb leet inspect``) served through a stand-in for ``wandb.Api`` with the same interface
-(``runs(path, filters)``; runs with ``id``, ``name``, ``state``, ``tags``, ``summary``, ``scan_history()``).
+No W&B server is reachable here. Offline runs are real ones (a two-job sweep trained with ``logger=wandb``),
+compared from their W&B folders alone against their run folders. An online group comes from the same runs
+served through a stand-in for ``wandb.Api`` with its interface (``runs(path, filters)``; runs with ``id``,
+``name``, ``state``, ``tags``, ``config``, ``summary``, ``scan_history()``).
 """
 
 from __future__ import annotations
 
 import csv
-import json
-import subprocess
-import sys
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,8 +18,9 @@ import pytest
 
 from analysis import wandb_source
 from analysis.compare import compare
-from tests.helpers import run_train
-from tests.training.test_train import FAST, only_run_dir
+from runtime.sweep_job import read_index
+from runtime.wandb_offline import read_folder, segments
+from tests.helpers import FAST, run_train
 
 
 @dataclass
@@ -30,6 +31,7 @@ class FakeRun:
     summary: dict
     history: list[dict]
     group: str
+    config: dict = field(default_factory=dict)
     state: str = "finished"
 
     def scan_history(self):
@@ -48,9 +50,12 @@ class FakeApi:
 
 
 @pytest.fixture(scope="module")
-def offline_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wandb_run")
+def sweep(tmp_path_factory):
+    """A two-job sweep (seed=1,2) with W&B offline runs: (sweep folder, its index)."""
+    out = tmp_path_factory.mktemp("wandb_sweep")
     result = run_train(
+        "-m",
+        "seed=1,2",
         *FAST,
         "trainer.max_steps=4",
         "trainer.val_check_interval=2",
@@ -59,45 +64,43 @@ def offline_run(tmp_path_factory):
         env={"WANDB_MODE": "offline"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (wandb_dir,) = (only_run_dir(out) / "wandb").glob("offline-run-*")
-    cli = str(Path(sys.executable).with_name("wandb"))
-    info = json.loads(
-        subprocess.run(
-            [cli, "leet", "inspect", "--summary", "--json", str(wandb_dir)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        ).stdout
-    )
-    lines = subprocess.run(
-        [cli, "leet", "inspect", "--json", str(wandb_dir)], capture_output=True, text=True, timeout=120, check=True
-    ).stdout.splitlines()
-    history = [json.loads(line)["history"]["item"] for line in lines if '"type":"history"' in line]
-    return info, history
+    (sweep_dir,) = list((out / "sweeps").iterdir())
+    return sweep_dir, sorted(read_index(str(sweep_dir)), key=lambda e: e["job"])
+
+
+def _table(paths: list[str], out: Path) -> list[dict]:
+    compare(paths, str(out))
+    with open(out / "table.csv") as f:
+        return list(csv.DictReader(f))
 
 
 @pytest.mark.slow
-def test_compare_reads_an_online_group_like_a_sweep_folder(offline_run, tmp_path):
-    info, history = offline_run
-    assert {"params", "active_params", "tokens_per_s", "steps"} <= set(
-        info["summary"]
-    )  # written at the end of training
-    assert any("train/loss" in h for h in history) and all(
-        "trainer/global_step" in h for h in history if "train/loss" in h
-    )
+def test_copied_offline_runs_alone_give_the_run_folders_table(sweep, tmp_path):
+    sweep_dir, index = sweep
+    copies = []
+    for entry in index:  # each offline run copied out of its run folder: nothing else travels with it
+        (folder,) = segments(Path(entry["run_dir"]) / "wandb")
+        copies.append(shutil.copytree(folder, tmp_path / "copies" / str(entry["job"]) / folder.name))
+    from_folders = _table([str(sweep_dir)], tmp_path / "a")
+    from_wandb = _table([str(c) for c in copies], tmp_path / "b")
+    assert from_wandb == from_folders
+    assert [r["seed"] for r in from_wandb] == ["1", "2"]  # the sweep's varied option, from the W&B config
+    assert all(float(r["val loss (final)"]) > 0 and int(r["params"]) > 0 for r in from_wandb)
+    # a run folder's wandb/ folder reads the same way
+    in_place = _table([str(Path(e["run_dir"]) / "wandb") for e in index], tmp_path / "c")
+    assert in_place == from_folders
+
+
+@pytest.mark.slow
+def test_compare_reads_an_online_group_like_a_sweep_folder(sweep, tmp_path):
+    _, index = sweep
+    run = read_folder(segments(Path(index[0]["run_dir"]) / "wandb")[0])
+    worse = {**run.summary, "val": {**run.summary["val"], "loss": run.summary["val"]["loss"] + 0.5}}
     runs = [
-        FakeRun("a1", "run-a", [*info["tags"], "point=a", "seed=0"], info["summary"], history, group="sweep-x"),
-        FakeRun(
-            "b1",
-            "run-b",
-            [*info["tags"], "point=b", "seed=0"],
-            {**info["summary"], "val/loss": info["summary"]["val/loss"] + 0.5},
-            history,
-            group="sweep-x",
-        ),
-        FakeRun("c1", "run-c", ["point=c"], info["summary"], history, group="other"),
-        FakeRun("d1", "run-d", ["point=d"], info["summary"], history, group="sweep-x", state="running"),
+        FakeRun("a1", "run-a", [*run.tags, "point=a"], run.summary, run.history, "sweep-x", {"sweep": {"point": "a"}}),
+        FakeRun("b1", "run-b", ["point=b"], worse, run.history, "sweep-x"),  # varied options from the tags
+        FakeRun("c1", "run-c", ["point=c"], run.summary, run.history, group="other"),
+        FakeRun("d1", "run-d", ["point=d"], run.summary, run.history, group="sweep-x", state="running"),
     ]
     api = FakeApi({"me/k3": runs})
     result = compare(["wandb:me/k3/sweep-x"], str(tmp_path / "cmp"), wandb_api=api)
@@ -106,9 +109,9 @@ def test_compare_reads_an_online_group_like_a_sweep_folder(offline_run, tmp_path
     with open(tmp_path / "cmp" / "table.csv") as f:
         rows = {r["point"]: r for r in csv.DictReader(f)}
     assert set(rows) == {"a", "b"}
-    assert float(rows["a"]["val loss (final)"]) == pytest.approx(info["summary"]["val/loss"], abs=5e-5)
-    assert float(rows["b"]["val loss (final)"]) == pytest.approx(info["summary"]["val/loss"] + 0.5, abs=5e-5)
-    assert int(rows["a"]["params"]) == info["summary"]["params"]
+    assert float(rows["a"]["val loss (final)"]) == pytest.approx(run.summary["val"]["loss"], abs=5e-5)
+    assert float(rows["b"]["val loss (final)"]) == pytest.approx(run.summary["val"]["loss"] + 0.5, abs=5e-5)
+    assert int(rows["a"]["params"]) == run.summary["params"]
     assert Path(result["images"][0]).name == "loss.png" and Path(result["images"][0]).stat().st_size > 10_000
 
 
@@ -123,5 +126,19 @@ def test_history_rows_become_metrics_records():
         "point": "mla",
         "ffn.activation": "swiglu",
     }
+    # a sweep job's config names its point and varied options in full (a tag may be cut to 64 characters)
+    assert wandb_source.varied_of({"sweep": {"group": "sweep-x", "point": "a", "lr": 0.1}}, ["point=b"]) == {
+        "point": "a",
+        "lr": "0.1",
+    }
     with pytest.raises(ValueError, match="wandb:ENTITY/PROJECT"):
         wandb_source.parse_path("wandb:just-a-project")
+
+
+def test_summary_of_old_and_new_runs():
+    """The whole summary.json record when the run wrote it; the few fields and val/ keys of older runs."""
+    new = {"val": {"loss": 2.0}, "params": 5, "compute": {"train_flops": 1e9}, "val/loss": {"min": 1.9, "last": 2.0}}
+    record = wandb_source.summary_record(new, "r")
+    assert record["val"] == {"loss": 2.0} and record["compute"]["train_flops"] == 1e9 and record["name"] == "r"
+    old = wandb_source.summary_record({"val/loss": 2.5, "params": 7, "_step": 3}, "old")
+    assert old["val"] == {"loss": 2.5} and old["params"] == 7 and "_step" not in old

@@ -84,17 +84,15 @@ def test_unreachable_wandb_server_falls_back_to_offline(tmp_path):
 
 
 def test_wandb_logging_failure_mid_run_switches_wandb_off(monkeypatch, capsys):
-    from lightning.pytorch.loggers import WandbLogger
-
     from runtime.safe_wandb import SafeWandbLogger
 
     calls = []
 
-    def broken(self, metrics, step=None):
+    def broken(self, metrics, step):
         calls.append(step)
         raise ConnectionError("server went away")
 
-    monkeypatch.setattr(WandbLogger, "log_metrics", broken)
+    monkeypatch.setattr(SafeWandbLogger, "write_row", broken)
     logger = SafeWandbLogger(offline=True, mode="offline")
     logger.log_metrics({"train/loss": 1.0}, step=1)
     logger.log_metrics({"train/loss": 0.9}, step=2)  # no second attempt, no exception
