@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import signal
-from pathlib import Path
 
 import pytest
 
 from components.registry import ConfigError
 from runtime.jsonl_logger import read_metrics
-from tests.helpers import compose_root, kill_after_microbatch, run_train, start_train
+from tests.helpers import compose_root, kill_after_microbatch, losses_by_step, only_run_dir, run_train
 
 # WSD with half of each run decaying: a 24-step run is stable through step 12, a 12-step run decays
 # from step 6, so the 24-step run's checkpoint at step 6 is where a 12-step cooldown branches
@@ -32,38 +31,36 @@ COMMON = [
     "trainer.checkpoint_every_n_steps=3",
     "logger=csv",
 ]
-ENV = {"OMP_NUM_THREADS": "1"}
-
-
-def _only(root: Path) -> Path:
-    (d,) = [p for p in root.iterdir() if p.is_dir()]
-    return d
-
-
-def _losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["train/loss"] for r in read_metrics(str(run_dir / "metrics.jsonl")) if "train/loss" in r}
+# runs compared bit for bit train on one thread (CPU kernels split their sums by thread), the killed
+# run in its own process as well
+THREADS = 1
+ENV = {"OMP_NUM_THREADS": str(THREADS)}
 
 
 @pytest.fixture(scope="module")
 def stable_and_straight(tmp_path_factory):
+    from tests.helpers import train_in_process
+
     root = tmp_path_factory.mktemp("branch")
-    stable = start_train(*COMMON, "trainer.max_steps=24", f"output_root={root / 'stable'}", env=ENV)
-    straight = run_train(*COMMON, "trainer.max_steps=12", f"output_root={root / 'straight'}", env=ENV)
-    stable_done = stable.wait(timeout=600)
-    assert stable_done.returncode == straight.returncode == 0, stable_done.stderr[-2000:] + straight.stderr[-2000:]
-    return root, _only(root / "stable"), _only(root / "straight")
+    stable = train_in_process(*COMMON, "trainer.max_steps=24", f"output_root={root / 'stable'}", threads=THREADS)
+    straight = train_in_process(*COMMON, "trainer.max_steps=12", f"output_root={root / 'straight'}", threads=THREADS)
+    return root, stable.run_dir, straight.run_dir
 
 
-def test_a_cooldown_branched_from_the_stable_phase_equals_the_run_of_that_length(stable_and_straight):
+def test_a_cooldown_branched_from_the_stable_phase_equals_the_run_of_that_length(stable_and_straight, train_run):
     root, stable, straight = stable_and_straight
-    branch = run_train(
-        *COMMON, "trainer.max_steps=12", f"init_from={stable}", "init_step=6", f"output_root={root / 'branch'}", env=ENV
+    branch = train_run(
+        *COMMON,
+        "trainer.max_steps=12",
+        f"init_from={stable}",
+        "init_step=6",
+        f"output_root={root / 'branch'}",
+        threads=THREADS,
     )
-    assert branch.returncode == 0, branch.stderr[-3000:]
     assert f"branching from {stable / 'checkpoints' / 'step=6.ckpt'}" in branch.stdout
-    branch_dir = _only(root / "branch")
+    branch_dir = only_run_dir(root / "branch")
     assert branch_dir != stable  # its own folder
-    reference, losses = _losses(straight), _losses(branch_dir)
+    reference, losses = losses_by_step(straight), losses_by_step(branch_dir)
     assert sorted(losses) == list(range(6, 12))  # steps 7..12, trained in the branch
     assert all(losses[s] == reference[s] for s in losses), (losses, reference)
     final = json.loads((branch_dir / "summary.json").read_text())["val"]["loss"]
@@ -74,16 +71,15 @@ def test_a_cooldown_branched_from_the_stable_phase_equals_the_run_of_that_length
 
 
 @pytest.mark.slow
-def test_a_killed_branch_resumes_exactly(stable_and_straight, tmp_path):
+def test_a_killed_branch_resumes_exactly(stable_and_straight, tmp_path, train_run):
     root, stable, straight = stable_and_straight
     args = [*COMMON, "trainer.max_steps=12", f"init_from={stable}", "init_step=6", f"output_root={tmp_path}"]
     killed = run_train(*args, kill_after_microbatch(10), env=ENV)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    resumed = run_train(*args, "ckpt_path=last", env=ENV)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    run_dir = _only(tmp_path)
+    resumed = train_run(*args, "ckpt_path=last", threads=THREADS)
+    run_dir = only_run_dir(tmp_path)
     assert f"resuming from {run_dir / 'checkpoints'}" in resumed.stdout  # its own checkpoint, not the stable run's
-    reference, losses = _losses(straight), _losses(run_dir)
+    reference, losses = losses_by_step(straight), losses_by_step(run_dir)
     assert all(losses[s] == reference[s] for s in range(9, 12))
 
 

@@ -13,25 +13,22 @@ import torch.nn.functional as F
 from components.registry import DATASETS, ConfigError
 from runtime.config import to_container
 from runtime.load_run import RunLoadError, config_from_container, load_run
-from tests.helpers import compose_root, run_train
-from tests.training.test_train import FAST, only_run_dir
+from tests.helpers import FAST, compose_root, only_run_dir
+
+TRAINED = [
+    *FAST,
+    "mixer=kda",
+    "model.mtp_depth=1",
+    "trainer.max_steps=4",
+    "trainer.val_check_interval=100",
+    "trainer.checkpoint_every_n_steps=2",
+    "logger=csv",
+]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("load")
-    result = run_train(
-        *FAST,
-        "mixer=kda",
-        "model.mtp_depth=1",
-        "trainer.max_steps=4",
-        "trainer.val_check_interval=100",
-        "trainer.checkpoint_every_n_steps=2",
-        f"output_root={root}",
-        "logger=csv",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return only_run_dir(root)
+def trained(trained_run):
+    return trained_run(*TRAINED).run_dir
 
 
 def test_a_checkpoint_alone_gives_the_config_and_the_trained_model(trained, tmp_path):
@@ -152,10 +149,10 @@ def test_an_exported_folder_loads_and_generates_like_its_run(trained, exported, 
     assert texts[0] == texts[1] and len(texts[0]) > len("import os\n")
 
 
-def test_a_run_starts_from_exported_weights(trained, exported, tmp_path):
+def test_a_run_starts_from_exported_weights(trained, exported, tmp_path, train_run):
     # a learning rate of 1e-30 leaves every non-zero weight bit-identical: what the run holds after its
     # step is what it loaded
-    result = run_train(
+    result = train_run(
         *FAST,
         "mixer=kda",
         "model.mtp_depth=1",
@@ -163,10 +160,8 @@ def test_a_run_starts_from_exported_weights(trained, exported, tmp_path):
         "trainer.val_check_interval=100",
         f"init_from={exported}",
         "optimizer.lr=1e-30",
-        f"output_root={tmp_path}",
         "logger=csv",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
     assert f"initial weights from {exported}" in result.stdout
     _, started = load_run(str(only_run_dir(tmp_path)))
     _, source = load_run(str(exported))

@@ -12,8 +12,7 @@ import pytest
 
 from runtime.jsonl_logger import read_metrics
 from runtime.sweep_job import read_index
-from tests.helpers import run_train
-from tests.training.test_train import FAST
+from tests.helpers import FAST, run_train
 
 
 @pytest.mark.slow

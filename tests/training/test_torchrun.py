@@ -8,8 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import REPO
-from tests.training.test_train import FAST
+from tests.helpers import FAST, REPO
 
 
 def test_torchrun_two_cpu_ranks_write_one_run(tmp_path):
