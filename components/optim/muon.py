@@ -94,11 +94,8 @@ def orthogonalized_update(
 def orthogonalized_update_any(
     update: Tensor, layout: MatrixLayout, ns_steps: int = 5, dtype: torch.dtype = torch.bfloat16
 ) -> tuple[Tensor, float]:
-    """``orthogonalized_update`` for a plain tensor or a sharded one (FSDP2 DTensor).
-
-    Newton-Schulz needs whole matrices: a sharded update is gathered, orthogonalised on every rank
-    (the same result everywhere), and each rank keeps its own shard of the result.
-    """
+    """``orthogonalized_update`` for a plain tensor or a sharded one (DTensor), gathered on every rank: the
+    reference the sharded paths of ``orthogonalized_updates`` are held to (tests/distributed)."""
     full_tensor = getattr(update, "full_tensor", None)
     if full_tensor is None:
         return orthogonalized_update(update, layout, ns_steps, dtype)
@@ -108,22 +105,88 @@ def orthogonalized_update_any(
     return distribute_tensor(ortho, update.device_mesh, update.placements, src_data_rank=None), scale
 
 
-def orthogonalized_updates(
-    items: list[tuple[Tensor, MatrixLayout]], ns_steps: int = 5, ns_dtype: str = "bf16"
-) -> list[tuple[Tensor, float]]:
-    """``orthogonalized_update_any`` of many parameters at once, in order.
+def _is_dtensor(t: Tensor) -> bool:
+    return getattr(t, "full_tensor", None) is not None
 
-    Blocks of the same shape (the heads of every attention projection, the experts of every MoE layer)
-    share one batched Newton-Schulz: the iteration treats each matrix on its own, so the result is the
-    per-parameter one, in a few large products instead of hundreds of small ones. Sharded updates are
-    gathered and orthogonalised one by one.
-    """
+
+def holds_whole_matrices(update: Tensor, layout: MatrixLayout) -> bool:
+    """Whether each rank's shard of a stacked ``[E, a, b]`` update is a set of whole matrices: every mesh
+    dimension either copies it or splits the stacking dimension 0 (FSDP's ``Shard(0)``, expert parallelism's
+    ``Shard(0)``, and the strided ``Shard(0)`` FSDP puts over it). Newton-Schulz treats each matrix on its
+    own, so such a shard is orthogonalised where it lies, with no communication."""
+    if not layout.stacked:
+        return False
+    return all(p.is_replicate() or (not p.is_partial() and getattr(p, "dim", None) == 0) for p in update.placements)
+
+
+def _row_split(update: Tensor) -> Optional[tuple[Any, int, int]]:
+    """(process group, size, rows per rank) when ``update`` is split along its dimension 0 over a 1-D mesh in
+    ``torch.chunk`` pieces (FSDP2's layout of every non-expert weight), else None."""
+    from torch.distributed.tensor import Shard
+
+    if update.device_mesh.ndim != 1 or len(update.placements) != 1 or update.placements[0] != Shard(0):
+        return None
+    size = update.device_mesh.size()
+    return update.device_mesh.get_group(), size, -(-update.shape[0] // size)
+
+
+def _owner_updates(
+    items: list[tuple[int, Tensor, MatrixLayout]], ns_steps: int, ns_dtype: str
+) -> dict[int, tuple[Tensor, float]]:
+    """Orthogonalise each row-split update once, on an owner rank (round-robin over the updates of each
+    group), and hand every rank its rows of the result: per update one gather to the owner and one scatter
+    from it, instead of an all-gather and a Newton-Schulz on every rank. Per-head layouts apply to the
+    whole matrix on the owner, as on one process."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    plans = []  # (item, update, layout, group, size, rows per rank, owner's rank in the group)
+    seen: dict[Any, int] = {}  # updates per group so far: the round-robin counter
+    full: list[tuple[int, Tensor, MatrixLayout]] = []  # the whole updates this rank owns
+    for i, update, layout in items:
+        group, size, chunk = _row_split(update)
+        owner = seen.get(group, 0) % size
+        seen[group] = seen.get(group, 0) + 1
+        local = update.to_local()
+        padded = local.new_zeros(chunk, *local.shape[1:])  # [chunk, ...]: gloo gathers equal sizes
+        padded[: local.shape[0]] = local
+        parts = [torch.empty_like(padded) for _ in range(size)] if dist.get_rank(group) == owner else None
+        dist.gather(padded, parts, dst=dist.get_global_rank(group, owner), group=group)
+        if parts is not None:
+            full.append((i, torch.cat(parts)[: update.shape[0]], layout))
+        plans.append((i, update, layout, group, size, chunk, owner))
+    done = _local_updates([(u, lay) for _, u, lay in full], ns_steps, ns_dtype)
+    ortho_of = {i: ortho for (i, _, _), (ortho, _) in zip(full, done)}
+    out: dict[int, tuple[Tensor, float]] = {}
+    for i, update, layout, group, size, chunk, owner in plans:
+        rows = update.to_local()
+        mine = rows.new_empty(chunk, *update.shape[1:])  # [chunk, ...]
+        pieces = None
+        if i in ortho_of:
+            padded = rows.new_zeros(chunk * size, *update.shape[1:])
+            padded[: update.shape[0]] = ortho_of[i]
+            pieces = list(padded.split(chunk))
+        dist.scatter(mine, pieces, src=dist.get_global_rank(group, owner), group=group)
+        ortho = DTensor.from_local(
+            mine[: rows.shape[0]],
+            update.device_mesh,
+            update.placements,
+            run_check=False,
+            shape=update.shape,
+            stride=update.stride(),
+        )
+        a, b = layout.block_shape(update.shape)
+        out[i] = (ortho, 0.2 * math.sqrt(max(a, b)))
+    return out
+
+
+def _local_updates(
+    items: list[tuple[Tensor, MatrixLayout]], ns_steps: int, ns_dtype: str
+) -> list[tuple[Tensor, float]]:
+    """``orthogonalized_update`` of plain tensors, blocks of one shape batched into one Newton-Schulz."""
     results: list[Optional[tuple[Tensor, float]]] = [None] * len(items)
     groups: dict[tuple, list[tuple[int, Tensor]]] = {}
     for i, (update, layout) in enumerate(items):
-        if getattr(update, "full_tensor", None) is not None:
-            results[i] = orthogonalized_update_any(update, layout, ns_steps, ns_dtype_for(ns_dtype, update.device))
-            continue
         blocks = layout.to_blocks(update)  # [n_i, a, b]
         groups.setdefault((update.device, *blocks.shape[-2:]), []).append((i, blocks))
     for (device, a, b), members in groups.items():
@@ -132,7 +195,55 @@ def orthogonalized_updates(
         for (i, blocks), part in zip(members, ortho.split([blocks.shape[0] for _, blocks in members])):
             update, layout = items[i]
             results[i] = (layout.from_blocks(part, update.shape).to(update.dtype), 0.2 * math.sqrt(max(a, b)))
-    return results
+    return results  # type: ignore[return-value]
+
+
+def orthogonalized_updates(
+    items: list[tuple[Tensor, MatrixLayout]], ns_steps: int = 5, ns_dtype: str = "bf16"
+) -> list[tuple[Tensor, float]]:
+    """``orthogonalized_update_any`` of many parameters at once, in order (a collective where updates are
+    sharded: every rank calls it with the same parameters in the same order).
+
+    Blocks of the same shape (the heads of every attention projection, the experts of every MoE layer)
+    share one batched Newton-Schulz: the iteration treats each matrix on its own, so the result is the
+    per-parameter one, in a few large products instead of hundreds of small ones. Sharded (DTensor) updates:
+
+    * stacked expert weights whose shards hold whole experts (``holds_whole_matrices``) are orthogonalised
+      where they lie, batched with the plain ones: no communication;
+    * a weight split by rows over a 1-D mesh (FSDP2's layout) is orthogonalised once, by its owner rank
+      (``_owner_updates``), and its rows scattered back: each rank runs 1 / world of those Newton-Schulz;
+    * anything else is gathered and orthogonalised on every rank (``orthogonalized_update_any``).
+    """
+    from torch.distributed.tensor import DTensor
+
+    results: list[Optional[tuple[Tensor, float]]] = [None] * len(items)
+    local: list[tuple[int, Tensor, MatrixLayout, Optional[Tensor]]] = []  # (item, tensor, layout, DTensor it came from)
+    owned: list[tuple[int, Tensor, MatrixLayout]] = []
+    for i, (update, layout) in enumerate(items):
+        if not _is_dtensor(update):
+            local.append((i, update, layout, None))
+        elif holds_whole_matrices(update, layout):
+            local.append((i, update.to_local(), layout, update))
+        elif _row_split(update) is not None:
+            owned.append((i, update, layout))
+        else:
+            results[i] = orthogonalized_update_any(update, layout, ns_steps, ns_dtype_for(ns_dtype, update.device))
+    for (i, _, layout, sharded), (ortho, scale) in zip(
+        local, _local_updates([(t, lay) for _, t, lay, _ in local], ns_steps, ns_dtype)
+    ):
+        if sharded is not None:  # the scale is the block's, the same for every shard
+            ortho = DTensor.from_local(
+                ortho,
+                sharded.device_mesh,
+                sharded.placements,
+                run_check=False,
+                shape=sharded.shape,
+                stride=sharded.stride(),
+            )
+        results[i] = (ortho, scale)
+    for i, r in _owner_updates(owned, ns_steps, ns_dtype).items():
+        results[i] = r
+    return results  # type: ignore[return-value]
 
 
 class Muon(torch.optim.Optimizer):
