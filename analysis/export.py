@@ -102,10 +102,10 @@ def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: flo
 def check_only(folder: str, overrides: list[str]) -> int:
     from components.hf.checkpoint import WeightsMismatch, check_weights
     from components.model import Decoder
-    from runtime.launch import validate_overrides
+    from runtime.compose import compose_root
 
     t0 = time.perf_counter()
-    root = validate_overrides(overrides or ["experiment=k3_full"])  # ConfigError naming the key: exit 2
+    root = compose_root(overrides or ["experiment=k3_full"])  # ConfigError naming the key: exit 2
     with torch.device("meta"):
         model = Decoder(root.decoder_config())
     try:

@@ -32,7 +32,7 @@ from torch import nn
 from components.flop_count import parameter_counts, training_flops_per_token
 from components.model import Decoder, build_on_meta
 from components.registry import ConfigError
-from runtime.launch import compose, strip_hydra
+from runtime.compose import compose, strip_hydra
 from runtime.validation import validate
 
 

@@ -82,7 +82,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # also runnable as
 from benchmarks.timing import medians, time_interleaved
 from benchmarks.train_step import train_setup
 from components.objective import cross_entropy
-from runtime.launch import validate_overrides
+from runtime.compose import compose_root
 
 GOAL_MOE_VS_DENSE = 1.3
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False"
@@ -707,7 +707,7 @@ def check_train(
     key: str, overrides: Sequence[str], B: int, T: int, warmup: int, steps: int, compile: bool = False
 ) -> Callable[[Context, Row], None]:
     def run(ctx: Context, row: Row) -> None:
-        root = validate_overrides(list(overrides))
+        root = compose_root(list(overrides))
         from components.model import build_on_meta
 
         unfriendly = build_on_meta(root.decoder_config()).compile_unfriendly()
@@ -767,7 +767,7 @@ def check_fsdp2(overrides: Sequence[str], B: int, T: int) -> Callable[[Context, 
 
         from runtime.strategies import shard_fsdp2
 
-        root = validate_overrides(list(overrides))
+        root = compose_root(list(overrides))
         created = not dist.is_initialized()
         if created:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

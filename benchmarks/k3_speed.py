@@ -72,8 +72,8 @@ import torch
 from benchmarks.timing import medians, time_interleaved
 from benchmarks.train_step import train_setup
 from components.ops.bf16_support import cpu_has_native_bf16
+from runtime.compose import compose_root, conf_dir
 from runtime.cpu_allocator import keep_freed_memory
-from runtime.launch import conf_dir, validate_overrides
 
 # MLA's attention through SDPA, as every path ran it before attention_kernel existed
 SDPA = ["mixers.mla.attention_kernel=sdpa"]
@@ -294,14 +294,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     peak_dtype = torch.bfloat16 if low == "bf16" else torch.float32
     peak_before = matmul_peak(dtype=peak_dtype)
-    ids = corpus_batches(validate_overrides(list(overrides)), 1, args.batch, args.seq)[0]
+    ids = corpus_batches(compose_root(list(overrides)), 1, args.batch, args.seq)[0]
     # runs_in: the precision each row computed in (a bf16 row runs in fp32 where bf16 is emulated)
     steps, tokens, flops, runs_in = {}, {}, {}, {}
     for name in names:
         compile, precision, extra = PATHS[name]
         runs_in[name] = precision_of(precision)
         model, step = train_setup(
-            validate_overrides([*overrides, *extra]),
+            compose_root([*overrides, *extra]),
             torch.device("cpu"),
             compile,
             precision=precision_of(precision),
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         from runtime.compile import compile_mode
 
         for name, size in PLAIN.items():
-            root = validate_overrides([*size, *args.overrides])
+            root = compose_root([*size, *args.overrides])
             plain_ids = corpus_batches(root, 1, root.data.batch_size, root.data.seq_len)[0]
             # what the trainer runs: one graph for a plain decoder
             mode = compile_mode(root.trainer, build_on_meta(root.decoder_config()))
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             flops[name] = model.flops_per_token(root.data.seq_len)
     for name in swapped:
         compile, precision, extra = PATHS["fast"]
-        root = validate_overrides([f"experiment={ABLATION_PREFIX}{name}", *args.overrides, *extra])
+        root = compose_root([f"experiment={ABLATION_PREFIX}{name}", *args.overrides, *extra])
         model, step = train_setup(root, torch.device("cpu"), compile, precision=precision_of(precision))
         steps[ABLATION_PREFIX + name] = lambda s=step: s(ids)
         tokens[ABLATION_PREFIX + name] = args.batch * args.seq
@@ -370,19 +370,19 @@ def main(argv: list[str] | None = None) -> int:
 
         compile, precision, extra = PATHS["eager auto"]
         model, step = train_setup(
-            validate_overrides([*overrides, *extra]), torch.device("cpu"), compile, precision=precision_of(precision)
+            compose_root([*overrides, *extra]), torch.device("cpu"), compile, precision=precision_of(precision)
         )
         print(f"\nwhere an eager {low} step of k3_small spends its time (exclusive, ms per step):")
         rows, total = component_times(model, step, ids)
         print_table(rows, total, args.batch * args.seq)
 
     if args.curve_steps > 0:
-        batches = corpus_batches(validate_overrides(list(overrides)), args.curve_steps, args.curve_batch, args.seq)
+        batches = corpus_batches(compose_root(list(overrides)), args.curve_steps, args.curve_batch, args.seq)
         curves = {}
         for name in ("eager fp32", REFERENCE, "fast"):
             compile, precision, extra = PATHS[name]
             _, step = train_setup(
-                validate_overrides([*overrides, *extra]),
+                compose_root([*overrides, *extra]),
                 torch.device("cpu"),
                 compile,
                 precision=precision_of(precision),

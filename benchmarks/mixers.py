@@ -29,7 +29,7 @@ PREFILL, DECODE = 512, 32
 
 
 def build(mixer: str) -> Decoder:
-    from runtime.launch import compose, strip_hydra
+    from runtime.compose import compose, strip_hydra
     from runtime.validation import validate
 
     torch.manual_seed(0)

@@ -40,7 +40,7 @@ from timing import time_interleaved as _time_interleaved  # noqa: E402
 from components.model import Decoder  # noqa: E402
 from components.objective import cross_entropy  # noqa: E402
 from components.optim.param_groups import adamw_param_groups, unique_trainable  # noqa: E402
-from runtime.launch import compose, strip_hydra  # noqa: E402
+from runtime.compose import compose, strip_hydra  # noqa: E402
 from runtime.validation import validate  # noqa: E402
 
 SCHEMES: dict[str, list[str]] = {

@@ -2,7 +2,7 @@
 
 Hydra composes ``conf/config.yaml`` against ``RootConfig`` (stored in its ConfigStore), which already
 refuses unknown keys and wrong types at composition. What only the whole config can tell is checked by
-``runtime/validation.py``; ``runtime/branching.py`` resolves ``init_from`` / ``init_step`` and
+``runtime/validation.py``; ``runtime/checkpoints/branching.py`` resolves ``init_from`` / ``init_step`` and
 ``runtime/token_budget.py`` turns a token budget into steps.
 """
 
@@ -12,11 +12,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from components.config import DecoderConfig, ModelConfig
 from components.optim.schedules.base import SCHEDULES
-from components.registry import FAMILIES
+from components.registry import FAMILIES, discover_all
 
 
 @dataclass
@@ -127,10 +128,17 @@ class RootConfig:
     init_step: Optional[int] = None
 
     def decoder_config(self) -> DecoderConfig:
-        """The model part of this run, checked (``components.model.Decoder(root.decoder_config())``)."""
-        return DecoderConfig.build(
-            self.model, {"mixer": self.mixer, **self.mixers}, {"ffn": self.ffn, **self.ffns}, self.residual
-        )
+        """The model part of this run, checked (``components.model.Decoder(root.decoder_config())``). Built
+        once and kept while the model's fields stay as they were (validation, the run folder's name, the
+        memory check, the loggers and the training module all ask for it)."""
+        fields = repr((self.model, self.mixer, self.mixers, self.ffn, self.ffns, self.residual))
+        kept = self.__dict__.get("_decoder_config")
+        if kept is None or kept[0] != fields:
+            built = DecoderConfig.build(
+                self.model, {"mixer": self.mixer, **self.mixers}, {"ffn": self.ffn, **self.ffns}, self.residual
+            )
+            kept = self.__dict__["_decoder_config"] = (fields, built)
+        return kept[1]
 
 
 # the root keys whose nodes select a registry member (the group's name): the component families and the
@@ -140,13 +148,19 @@ COMPONENT_KEYS = tuple(REGISTRIES)
 
 
 def register_root_schemas() -> None:
-    from hydra.core.config_store import ConfigStore
-
     cs = ConfigStore.instance()
     cs.store(name="root_schema", node=RootConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)
+
+
+def register_all() -> None:
+    """Import every registered component and store all config schemas in Hydra's ConfigStore."""
+    register_root_schemas()
+    discover_all()
+    for registry in REGISTRIES.values():  # the families, and the schedules beside them
+        registry.discover()
 
 
 def data_parallel_ranks(t: TrainerConfig) -> Optional[int]:

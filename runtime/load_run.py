@@ -13,19 +13,32 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from omegaconf.errors import OmegaConfBaseException
 
 from components.config import ModelConfig
 from components.config_container import typed
-from components.data.text.tokenizers import TextTokenizer
+from components.data.base import NoTextTokenizer
+from components.data.text.tokenizers import (
+    TOKENIZER_FILE,
+    TextTokenizer,
+    TokenizerError,
+    load_prepared_tokenizer,
+    load_tokenizer_file,
+)
+from components.hf.checkpoint import WeightsMismatch, import_weights, is_checkpoint_folder
+from components.hf.config_json import SANDBOX_KEY, TOKENIZER_KEY, read_config
+from components.hf.foreign_config import ForeignConfigError, composition_overrides
+from components.hf.safetensors_files import CheckpointError
 from components.model import Decoder
-from runtime.checkpoint_files import CorruptCheckpointError, load_checkpoint_file
+from runtime.checkpoints import layout
+from runtime.checkpoints.layout import CONFIG_KEY, MODULE_PREFIX, NoReadableCheckpoint
+from runtime.checkpoints.read import CorruptCheckpointError, load_checkpoint_file
+from runtime.compose import compose_root
 from runtime.config import COMPONENT_KEYS, REGISTRIES, LoggerConfig, RootConfig, TrainerConfig
-
-CONFIG_KEY = "run_config"
-MODULE_PREFIX = "model."  # the training module holds the decoder as .model
 
 
 class RunLoadError(ValueError):
@@ -77,8 +90,6 @@ def config_from_container(data: dict) -> RootConfig:
 def _composed(data: Any, where: str) -> tuple[RootConfig, Decoder]:
     """(config, freshly built model) of a saved composed config; RunLoadError naming ``where`` when it
     no longer builds one (a damaged file, or a config this version of the project does not know)."""
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         root = config_from_container(data)
         return root, Decoder(root.decoder_config())
@@ -89,32 +100,25 @@ def _composed(data: Any, where: str) -> tuple[RootConfig, Decoder]:
 
 def resolve_checkpoint(path: str) -> str:
     """The checkpoint file ``path`` names: itself, or a run folder's newest readable one."""
-    from runtime.run import checkpoint_candidates
-
-    if os.path.isfile(path):
+    if os.path.isfile(path) or layout.is_sharded(path):
         return path
     if not os.path.isdir(path):
         raise RunLoadError(f"{path}: no such run folder or checkpoint file")
-    if os.path.isfile(os.path.join(path, ".metadata")):
-        return path  # an FSDP2 sharded checkpoint folder
-    candidates = checkpoint_candidates(path)
-    if not candidates:
+    try:
+        newest = layout.newest_readable(path)
+    except NoReadableCheckpoint:
+        raise RunLoadError(f"{path}: none of its {len(layout.candidates(path))} checkpoints is readable") from None
+    if newest is None:
         raise RunLoadError(
-            f"{path}: no checkpoint in {os.path.join(path, 'checkpoints')} (not a run folder, or it never saved one)"
+            f"{path}: no checkpoint in {layout.folder_of(path)} (not a run folder, or it never saved one)"
         )
-    for candidate in candidates:
-        try:
-            load_checkpoint_file(candidate)
-            return candidate
-        except (CorruptCheckpointError, FileNotFoundError):
-            continue
-    raise RunLoadError(f"{path}: none of its {len(candidates)} checkpoints is readable")
+    return newest
 
 
 def _sharded_model_state(ckpt_path: str, model: Decoder) -> dict[str, torch.Tensor]:
     """The model weights of an FSDP2 sharded checkpoint folder, read on this one process into tensors
     shaped like ``model``'s (torch.distributed.checkpoint reassembles every rank's shards)."""
-    from torch.distributed.checkpoint import FileSystemReader, load
+    from torch.distributed.checkpoint import FileSystemReader, load  # only sharded checkpoints need it
 
     wanted = {f"{MODULE_PREFIX}{k}": torch.empty_like(v) for k, v in model.state_dict().items()}
     try:
@@ -132,8 +136,6 @@ def load_run(
     path: str, device: str | torch.device = "cpu", dtype: Optional[torch.dtype] = None
 ) -> tuple[RootConfig, Decoder]:
     """(the run's config, its trained model in eval mode on ``device``, in ``dtype`` if given)."""
-    from components.hf.checkpoint import is_checkpoint_folder
-
     if is_checkpoint_folder(path):
         root, model = load_exported(path)
         return root, model.to(device=device, dtype=dtype).eval()
@@ -164,10 +166,6 @@ def load_run(
 
 def load_exported(folder: str) -> tuple[RootConfig, Decoder]:
     """(config, model with the folder's weights) of a folder ``analysis.export`` wrote."""
-    from components.hf.checkpoint import WeightsMismatch, import_weights
-    from components.hf.config_json import SANDBOX_KEY, read_config
-    from components.hf.safetensors_files import CheckpointError
-
     where = os.path.join(folder, "config.json")
     try:
         cfg = read_config(folder)
@@ -189,10 +187,6 @@ def load_exported(folder: str) -> tuple[RootConfig, Decoder]:
 
 def _foreign_composition(folder: str, cfg: dict) -> RootConfig:
     """The composition of a folder transformers saved (a Llama model): components/hf/foreign_config.py."""
-    from components.hf.config_json import SANDBOX_KEY
-    from components.hf.foreign_config import ForeignConfigError, composition_overrides
-    from runtime.launch import validate_overrides
-
     try:
         overrides = composition_overrides(cfg)
     except (ForeignConfigError, KeyError) as err:
@@ -201,7 +195,7 @@ def _foreign_composition(folder: str, cfg: dict) -> RootConfig:
             f"project) and does not map onto a composition ({err}): train from it with init_from=FOLDER and "
             "the overrides that compose its model (e.g. experiment=k3_full)"
         ) from None
-    return validate_overrides(["data=corpus", *overrides])  # the data only completes the config
+    return compose_root(["data=corpus", *overrides])  # the data only completes the config
 
 
 class NoTokenizerError(RunLoadError):
@@ -211,18 +205,6 @@ class NoTokenizerError(RunLoadError):
 def load_tokenizer(path: str, root: RootConfig) -> TextTokenizer:
     """The tokenizer of the run ``path`` names (``root`` is its config): the one an exported folder
     records (its ``tokenizer.json``, or bytes), else the one the run's data says it is tokenized with."""
-    from pathlib import Path
-
-    from components.data.base import NoTextTokenizer
-    from components.data.text.tokenizers import (
-        TOKENIZER_FILE,
-        TokenizerError,
-        load_prepared_tokenizer,
-        load_tokenizer_file,
-    )
-    from components.hf.checkpoint import is_checkpoint_folder
-    from components.hf.config_json import SANDBOX_KEY, TOKENIZER_KEY, read_config
-
     folder = is_checkpoint_folder(path)
     cfg = read_config(path) if folder else {}
     described = cfg.get(TOKENIZER_KEY)

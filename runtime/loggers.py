@@ -21,13 +21,6 @@ def component_tags(root: Any) -> list[str]:
     return tags
 
 
-def default_run_name(root: Any) -> str:
-    plan = root.decoder_config().layers
-    mixers = "+".join(sorted({s.mixer.name for s in plan}))
-    ffns = "+".join(sorted({s.ffn.name for s in plan}))
-    return f"{root.data.name}-{mixers}-{ffns}-{root.residual.name}-d{root.model.d_model}x{root.model.n_layers}"
-
-
 def wandb_credentials_present() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True

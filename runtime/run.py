@@ -12,22 +12,38 @@ output folder). Everything the run writes goes under that folder:
 
 from __future__ import annotations
 
-import glob
 import json
+import logging
 import os
-import re
 import time
+import warnings
 from typing import Any, Optional
+
+import lightning as L
+import wandb
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from components.flop_count import compute_record
 from components.hf.checkpoint import import_weights
 from components.layer_plan import describe_plan
 from components.registry import DATASETS
-from runtime import handoff
-from runtime.branching import branch_checkpoint
-from runtime.checkpoint_files import CorruptCheckpointError, load_checkpoint_file
+from runtime.callbacks.depth_weights import DepthWeights
+from runtime.callbacks.progress import StepProgressBar
+from runtime.callbacks.throughput import Throughput
+from runtime.callbacks.time_guard import TimeGuard
+from runtime.checkpoints import layout
+from runtime.checkpoints.branching import branch_checkpoint
+from runtime.checkpoints.write import AtomicCheckpointIO
 from runtime.config import RootConfig, to_container
+from runtime.cpu_allocator import keep_freed_memory
+from runtime.datamodule import TokenDataModule
+from runtime.lit_module import LanguageModelModule
+from runtime.loggers import build_loggers
 from runtime.precision import describe_precision
+from runtime.profiling import build_profiler
+from runtime.run_folder import default_run_name
+from runtime.strategies import build_strategy
 from runtime.token_budget import describe_length, time_guard_minutes, training_steps
 
 
@@ -46,46 +62,8 @@ def _write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def checkpoint_candidates(run_dir: str) -> list[str]:
-    """``last.ckpt`` first, then periodic checkpoints from the newest step down."""
-    folder = os.path.join(run_dir, "checkpoints")
-    periodic = glob.glob(os.path.join(folder, "step=*.ckpt"))
-
-    def step_of(path: str) -> int:
-        m = re.search(r"step=(\d+)", os.path.basename(path))
-        return int(m.group(1)) if m else -1
-
-    ordered = sorted(periodic, key=step_of, reverse=True)
-    last = os.path.join(folder, "last.ckpt")
-    # a sharded last.ckpt is swapped in by two renames; a crash between them leaves the previous one here
-    previous_last = os.path.join(folder, ".last.ckpt.old")
-    return [p for p in (last, previous_last) if os.path.exists(p)] + ordered
-
-
-def resolve_resume(ckpt_path: Optional[str], run_dir: str, log: Any = print) -> Optional[str]:
-    """The checkpoint file to resume from, skipping unreadable ones (each refusal is reported)."""
-    if ckpt_path is None:
-        return None
-    candidates = checkpoint_candidates(run_dir) if ckpt_path == "last" else [ckpt_path]
-    if ckpt_path == "last" and not candidates:
-        log(f"ckpt_path=last: no checkpoint in {run_dir}/checkpoints yet; starting from scratch")
-        return None
-    for path in candidates:
-        try:
-            load_checkpoint_file(path)
-            return path
-        except (CorruptCheckpointError, FileNotFoundError) as err:
-            if ckpt_path != "last":
-                raise
-            log(f"refusing {err}; trying an older checkpoint")
-    raise CorruptCheckpointError(f"no readable checkpoint in {run_dir}/checkpoints (all {len(candidates)} refused)")
-
-
 def extra_callbacks(root: RootConfig) -> list:
     """The callbacks ``root.callbacks`` names (``_target_`` class paths), in key order."""
-    import lightning as L
-    from hydra.utils import instantiate
-
     out = []
     for name in sorted(root.callbacks):
         callback = instantiate(root.callbacks[name])
@@ -96,20 +74,13 @@ def extra_callbacks(root: RootConfig) -> list:
 
 
 def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list) -> Any:
-    import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    from runtime.checkpoint_io import AtomicCheckpointIO
-    from runtime.profiling import build_profiler
-    from runtime.strategies import build_strategy
-
     t = root.trainer
     strategy = build_strategy(t)
     # sharded checkpoints are written by torch.distributed.checkpoint (atomic in the strategy itself)
     plugins = [] if t.strategy == "fsdp2" else [AtomicCheckpointIO()]
     checkpoint = ModelCheckpoint(
-        dirpath=os.path.join(run_dir, "checkpoints"),
-        filename="step={step}",
+        dirpath=layout.folder_of(run_dir),
+        filename=layout.PERIODIC_NAME,
         auto_insert_metric_name=False,
         every_n_train_steps=t.checkpoint_every_n_steps,
         save_last=True,
@@ -121,8 +92,6 @@ def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list
     )
     guard = time_guard_minutes(root)
     if guard:
-        from runtime.callbacks.time_guard import TimeGuard
-
         callbacks = [*callbacks, TimeGuard(guard)]
     return L.Trainer(
         accelerator=t.accelerator,
@@ -156,28 +125,27 @@ def train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]
     ``extra_config``: more fields for the W&B run's config (a sweep job's point and varied options).
     """
     os.makedirs(run_dir, exist_ok=True)
-    # processes Lightning starts for the other ranks re-run train.py: they must write here too
-    with handoff.pin_run_dir(run_dir):
-        return _train(root, run_dir, extra_config)
+    _keep_console_to_progress_and_summary()
+    return _train(root, run_dir, extra_config)
+
+
+def _keep_console_to_progress_and_summary() -> None:
+    """Lightning's notices that say nothing about this run stay off the console."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
+    warnings.filterwarnings("ignore", message=".*IterableDataset.*has `__len__` defined.*")
+    # validation metrics are summed over ranks before logging (lit_module.on_validation_epoch_end)
+    warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
+    warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")  # resuming
 
 
 def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]) -> dict[str, Any]:
-    import lightning as L
-
-    from runtime.callbacks.depth_weights import DepthWeights
-    from runtime.callbacks.progress import StepProgressBar
-    from runtime.callbacks.throughput import Throughput
-    from runtime.cpu_allocator import keep_freed_memory
-    from runtime.datamodule import TokenDataModule
-    from runtime.lit_module import LanguageModelModule
-    from runtime.loggers import build_loggers, default_run_name
-
     L.seed_everything(root.seed, workers=True, verbose=False)
     if root.trainer.accelerator == "cpu":
         keep_freed_memory()  # reuse step buffers instead of page-faulting them in again every step
     length = describe_length(root)
     root.trainer.max_steps = training_steps(root)  # a token budget becomes steps; the schedule spans them
-    ckpt = resolve_resume(root.ckpt_path, run_dir)
+    ckpt = layout.resume_point(root.ckpt_path, run_dir)
     branched = ckpt is None and root.init_from is not None
     init_weights = None
     if branched:
@@ -265,8 +233,6 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
             except OSError as err:  # a full disk: the failure that stopped the run is the one to report
                 print(f"warning: run.json not updated ({err.strerror or err})")
         if wandb_logger is not None:
-            import wandb
-
             try:
                 wandb.finish(exit_code=0 if status == "finished" else 1)
             except Exception as err:  # a W&B failure never turns a finished run into a failed one
@@ -282,8 +248,6 @@ def ended_by(trainer: Any, planned_steps: Optional[int]) -> str:
     """Why training ended: ``budget`` (every planned step), ``time_guard`` (the guard of
     ``trainer.max_time_minutes`` / ``min_tokens_per_s`` ran out first) or ``stopped`` (ended early
     otherwise)."""
-    from runtime.callbacks.time_guard import TimeGuard
-
     if planned_steps is None or trainer.global_step >= planned_steps:
         return "budget"
     if any(isinstance(c, TimeGuard) and c.ran_out for c in trainer.callbacks):

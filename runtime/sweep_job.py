@@ -1,12 +1,15 @@
 """A job's place in a Hydra multirun: its W&B group and tags, and the sweep folder's run index.
 
 Every job of ``python train.py -m ...`` is its own run (``sweeps.run`` launches one multirun per study
-point into one sweep folder, naming the point through ``runtime.handoff``). Jobs of one sweep share a
-W&B group (the sweep folder's name, unless ``logger.group`` is set) and carry the options the sweep varies as
-``key=value``
-tags, so W&B's group-by and parallel-coordinates views work as launched; the varied values are config
-fields already. ``<sweep dir>/index.jsonl`` gets one line per finished or failed job: job number, run
-folder, the job's overrides and varied values, status and final metrics (``analysis`` reads it).
+point into one sweep folder). Jobs of one sweep share a W&B group (the sweep folder's name, unless
+``logger.group`` is set) and carry the options the sweep varies as ``key=value`` tags, so W&B's group-by
+and parallel-coordinates views work as launched; the varied values are config fields already.
+``<sweep dir>/index.jsonl`` gets one line per finished or failed job: job number, run folder, the job's
+overrides and varied values, status and final metrics (``analysis`` reads it).
+
+Two facts reach a job through its environment, since a job may run in another process (a SLURM node):
+which keys the sweep varies (``K3_SWEEP_VARIED``, a JSON list, set by ``train.py -m`` before Hydra starts
+the jobs) and which study point the multirun is (``K3_SWEEP_POINT``, set by ``sweeps.run``).
 """
 
 from __future__ import annotations
@@ -16,10 +19,24 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from runtime import handoff
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
 from runtime.json_records import read_json_lines
 
 INDEX_FILE = "index.jsonl"
+VARIED_ENV = "K3_SWEEP_VARIED"
+POINT_ENV = "K3_SWEEP_POINT"
+
+
+def publish_varied_keys(keys: list[str]) -> None:
+    """Tell this process's jobs (and the processes they start) which keys the sweep varies."""
+    os.environ[VARIED_ENV] = json.dumps(keys)
+
+
+def point_env(point: str) -> dict[str, str]:
+    """Environment entries that tell a multirun which study point it runs."""
+    return {POINT_ENV: point}
 
 
 def split_override(override: str) -> tuple[str, str]:
@@ -65,9 +82,6 @@ class SweepJob:
 
 def current_job() -> Optional[SweepJob]:
     """The running Hydra job's sweep info; None outside a multirun."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     if not HydraConfig.initialized():
         return None
     hc = HydraConfig.get()
@@ -75,9 +89,9 @@ def current_job() -> Optional[SweepJob]:
         return None
     overrides = list(hc.overrides.task)
     values = dict(split_override(o) for o in overrides)
-    point = handoff.sweep_point()
+    point = os.environ.get(POINT_ENV)
     varied = {"point": point} if point else {}
-    varied.update({k: values[k] for k in handoff.varied_keys() if k in values})
+    varied.update({k: values[k] for k in json.loads(os.environ.get(VARIED_ENV, "[]")) if k in values})
     return SweepJob(hc.sweep.dir, int(hc.job.num), overrides, varied)
 
 

@@ -15,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from components.ops.backend import interpreting
-from components.registry import ConfigError, closest
+from components.registry import DATASETS, ConfigError, closest
+from runtime.checkpoints.branching import check_branch
 from runtime.config import COMPONENT_KEYS, REGISTRIES, RootConfig, component_configs, data_parallel_ranks
 from runtime.precision import resolve_precision
 
@@ -82,8 +83,6 @@ def check_known_keys(node: Any, key: str = "") -> None:
 def complete_data(cfg: DictConfig) -> None:
     """Let the chosen dataset fill what its files decide (a prepared folder's vocabulary) before the
     config is resolved, so ``model.vocab_size`` (``${data.vocab_size}``) follows it."""
-    from components.registry import DATASETS
-
     node = cfg.get("data")
     entry = DATASETS.get(node.name, key="data.name")
     complete = getattr(entry.config_cls, "complete", None)
@@ -194,8 +193,6 @@ def validate(cfg: DictConfig) -> RootConfig:
             f"'{t.precision}' is not supported with trainer.strategy=fsdp2; "
             f"choose one of {', '.join(fsdp2_precisions)}",
         )
-
-    from runtime.branching import check_branch  # it builds on ``check`` above
 
     check_branch(root)
     root.decoder_config()  # the model side's checks: shapes, slots, layer indices, every component

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from runtime import handoff
 from runtime.cpu_threads import threads_per_job
+from runtime.sweep_job import point_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ def run_points(cmds: list[tuple[str, list[str]]], output_root: Path, env: dict[s
         while pending and len(running) < max(1, jobs) and not config_error:
             point, cmd = pending.pop(0)
             argv = [sys.executable, str(REPO / "train.py"), *cmd, f"output_root={output_root}"]
-            running.append((point, subprocess.Popen(argv, cwd=REPO, env={**env, **handoff.point_env(point)})))
+            running.append((point, subprocess.Popen(argv, cwd=REPO, env={**env, **point_env(point)})))
         if not running:
             if pending:
                 print(

@@ -18,8 +18,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from components.config import ModelConfig
+from runtime.compose import compose
 from runtime.config import REGISTRIES, LoggerConfig, TrainerConfig
-from runtime.launch import compose
 from tests.helpers import CONF
 
 MEMBERS = [(group, entry.name) for group, registry in REGISTRIES.items() for entry in registry]

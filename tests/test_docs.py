@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.launch import compose
+from runtime.compose import compose
 from tests.helpers import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -1,6 +1,7 @@
-"""No import cycle among the ``components`` modules: each module can be imported on its own, at module top,
-without leaning on a function-level import to break a loop. Imports inside functions count as edges too,
-so a cycle hidden behind a lazy import is still found."""
+"""No import cycle anywhere in the project (components, runtime, analysis, sweeps, benchmarks, train.py,
+prepare.py): each module can be imported on its own, at module top, without leaning on a function-level
+import to break a loop. Imports inside functions count as edges too, so a cycle hidden behind a lazy import
+is still found."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ from typing import Optional
 
 from tests.import_graph import REPO, imports_of, module_name
 
-COMPONENT_MODULES = sorted(module_name(p) for p in (REPO / "components").rglob("*.py"))
-MODULE_SET = set(COMPONENT_MODULES)
+PACKAGES = ("components", "runtime", "analysis", "sweeps", "benchmarks")
+SCRIPTS = ("train.py", "prepare.py")
+PROJECT_MODULES = sorted(
+    [module_name(p) for package in PACKAGES for p in (REPO / package).rglob("*.py")]
+    + [module_name(REPO / script) for script in SCRIPTS]
+)
+MODULE_SET = set(PROJECT_MODULES)
 
 
-def component_edges(name: str) -> list[str]:
-    """The ``components`` modules ``name`` imports, itself excluded (``from . import x`` in a package)."""
-    return sorted(m for m in imports_of(name) if m in MODULE_SET and m != name)
+def project_edges(name: str, modules: set[str] = MODULE_SET) -> list[str]:
+    """The project modules ``name`` imports, itself excluded (``from . import x`` in a package)."""
+    return sorted(m for m in imports_of(name) if m in modules and m != name)
 
 
 def find_cycle(graph: dict[str, list[str]]) -> Optional[list[str]]:
@@ -44,13 +50,40 @@ def find_cycle(graph: dict[str, list[str]]) -> Optional[list[str]]:
     return None
 
 
-def test_no_cycle_among_component_modules():
-    graph = {name: component_edges(name) for name in COMPONENT_MODULES}
-    cycle = find_cycle(graph)
-    assert cycle is None, "import cycle among components modules: " + " -> ".join(cycle)
+def project_graph() -> dict[str, list[str]]:
+    return {name: project_edges(name) for name in PROJECT_MODULES}
+
+
+def test_no_import_cycle_in_the_project():
+    cycle = find_cycle(project_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_walk_covers_every_package():
+    for package in (*PACKAGES, "train", "prepare"):
+        assert any(m == package or m.startswith(f"{package}.") for m in PROJECT_MODULES), package
+    assert {"components.model", "runtime.run", "runtime.train_command", "analysis.compare"} <= MODULE_SET
 
 
 def test_the_search_finds_a_cycle_when_there_is_one():
     assert find_cycle({"a": ["b"], "b": ["c"], "c": ["a"], "d": []}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": ["b"], "b": [], "c": ["a"]}) is None
-    assert "components.model" in COMPONENT_MODULES and len(COMPONENT_MODULES) > 30
+
+
+def test_a_planted_cycle_through_a_function_level_import_is_found(tmp_path, monkeypatch):
+    """A lazy import planted in a real module (runtime.validation importing the command line, which imports
+    it back) closes a cycle the walk must report."""
+    import tests.import_graph as import_graph
+
+    planted = tmp_path / "runtime" / "validation.py"
+    planted.parent.mkdir()
+    source = (REPO / "runtime" / "validation.py").read_text()
+    planted.write_text(source + "\n\ndef _planted():\n    from runtime.train_command import main  # noqa\n")
+    real_module_file = import_graph.module_file
+    monkeypatch.setattr(
+        import_graph,
+        "module_file",
+        lambda name: planted if name == "runtime.validation" else real_module_file(name),
+    )
+    cycle = find_cycle(project_graph())
+    assert cycle is not None and "runtime.validation" in cycle and "runtime.train_command" in cycle

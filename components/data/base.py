@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import numpy as np
 import torch
 
+from components.base import ConfigError
 from components.config import ComponentConfig
 from components.data.metrics import LOSS, ByteAccounting, MetricContract
 from components.objective import IGNORE_INDEX
@@ -35,6 +36,13 @@ def batch_generator(seed: int, index: int, stream: int = 0) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed((seed * 1_000_003 + stream) * 1_000_000_007 + index)
     return g
+
+
+def check_split_length(tokens: int, seq_len: int, key: str, what: str) -> None:
+    """A split feeds windows of ``seq_len`` inputs and their next-token targets, and needs one token beyond a
+    window to draw a start from: ConfigError on ``key`` when ``what`` (its description) holds too few."""
+    if tokens <= seq_len + 1:
+        raise ConfigError(key, f"{what} holds {tokens} tokens, fewer than seq_len + 2 = {seq_len + 2}")
 
 
 class DatasetConfig(ComponentConfig):

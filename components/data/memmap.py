@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from omegaconf import MISSING
 
-from components.data.base import DatasetConfig, TokenStreamDataset, prepared_tokenizer
+from components.data.base import DatasetConfig, TokenStreamDataset, check_split_length, prepared_tokenizer
 from components.data.text.prepared import DTYPES, PreparedFolder, PreparedFolderError, is_prepared
 from components.data.text.stream import PreparedStream
 from components.data.text.tokenizers import TextTokenizer
@@ -106,12 +106,7 @@ class MemmapConfig(DatasetConfig):
                 )
             for split in ("train", "val"):
                 n = folder.meta["splits"][split]["tokens"]
-                if n <= self.seq_len + 1:
-                    raise ConfigError(
-                        f"{key}.seq_len",
-                        f"the {split} split of {self.path} holds {n} tokens, fewer than seq_len + 2 = "
-                        f"{self.seq_len + 2}",
-                    )
+                check_split_length(n, self.seq_len, f"{key}.seq_len", f"the {split} split of {self.path}")
             return
         if os.path.isdir(self.path):
             raise ConfigError(
@@ -162,8 +157,7 @@ def check_token_file(path: str, dtype: str, key: str, seq_len: int) -> None:
         raise ConfigError(
             key, f"token file {path} has {size} bytes, not a multiple of {item} ({dtype}): truncated or wrong dtype"
         )
-    if size // item <= seq_len + 1:
-        raise ConfigError(key, f"token file {path} holds {size // item} tokens, fewer than seq_len + 2 = {seq_len + 2}")
+    check_split_length(size // item, seq_len, key, f"token file {path}")
 
 
 class BareTokens(TokenStreamDataset):
@@ -184,8 +178,7 @@ class BareTokens(TokenStreamDataset):
             cut = int(len(tokens) * (1 - cfg.val_fraction))
             self.train, self.val = tokens[:cut], tokens[cut:]
         for split, arr in (("train", self.train), ("validation", self.val)):
-            if len(arr) <= cfg.seq_len + 1:
-                raise ValueError(f"{split} split of {cfg.path} holds {len(arr)} tokens, fewer than seq_len + 2")
+            check_split_length(len(arr), cfg.seq_len, "data.seq_len", f"the {split} split of {cfg.path}")
         n_val = (len(self.val) - 1) // cfg.seq_len
         self.num_val_windows = min(n_val, cfg.val_tokens // cfg.seq_len) if cfg.val_tokens else n_val
 

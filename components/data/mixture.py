@@ -20,7 +20,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from components.data.base import DatasetConfig, TokenDataset, batch_generator, prepared_tokenizer
+from components.data.base import DatasetConfig, TokenDataset, batch_generator, check_split_length, prepared_tokenizer
 from components.data.compressor_baselines import compressed_bits_per_byte
 from components.data.metrics import BITS_PER_BYTE
 from components.data.text.prepared import PreparedFolder, PreparedFolderError, is_prepared
@@ -100,12 +100,7 @@ class MixtureConfig(DatasetConfig):
             folder = _open(src["path"], f"{key}.sources.{name}.path")
             for split in ("train", "val"):
                 n = folder.meta["splits"][split]["tokens"]
-                if n <= self.seq_len + 1:
-                    raise ConfigError(
-                        f"{key}.sources.{name}.path",
-                        f"the {split} split of {src['path']} holds {n} tokens, fewer than seq_len + 2 = "
-                        f"{self.seq_len + 2}",
-                    )
+                check_split_length(n, self.seq_len, f"{key}.sources.{name}.path", f"the {split} split of {src['path']}")
             if "/" in name:
                 raise ConfigError(
                     f"{key}.sources.{name}",

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from components.ffn.router import Router
 from components.model import Decoder
 from components.registry import BALANCERS
-from runtime.launch import compose, strip_hydra
+from runtime.compose import compose, strip_hydra
 from runtime.validation import validate
 
 

@@ -38,7 +38,7 @@ def test_as_before_swaps_the_convolution_only_while_it_runs():
 
 def test_ablations_are_the_k3_small_experiments_with_what_each_swaps():
     from benchmarks.k3_speed import ablations
-    from runtime.launch import validate_overrides
+    from runtime.compose import compose_root
 
     found = ablations()
     assert {"all_mla", "no_mtp", "plain_residual", "swiglu"} <= set(found)
@@ -46,7 +46,7 @@ def test_ablations_are_the_k3_small_experiments_with_what_each_swaps():
         assert swaps.startswith(("with ", "without ")), (name, swaps)
     assert found["swiglu"] == "with SwiGLU instead of SiTU-GLU in every FFN"
     # each one composes: the fast path can be built from it
-    root = validate_overrides(["experiment=k3_small_plain_residual"])
+    root = compose_root(["experiment=k3_small_plain_residual"])
     assert root.residual.name == "plain"
 
 

@@ -7,7 +7,7 @@ import torch
 from components.ffn.moe import LatentMoEConfig, MoEFFNConfig, StableLatentMoEConfig
 from components.nn.build_context import BuildContext
 from components.registry import FFNS, ConfigError
-from runtime.launch import compose, strip_hydra
+from runtime.compose import compose, strip_hydra
 from runtime.validation import validate
 
 VARIANTS = [MoEFFNConfig, LatentMoEConfig, StableLatentMoEConfig]

@@ -16,7 +16,7 @@ from analysis.export import main as export_main
 from components.hf.checkpoint import _EXPERT_WEIGHT, PACKED, SCALE, _expected
 from components.hf.key_map import MULTIMODAL_PREFIX
 from components.model import Decoder
-from runtime.launch import validate_overrides
+from runtime.compose import compose_root
 
 SHARDS = 4
 
@@ -39,7 +39,7 @@ def _write_header_only(path, entries: dict[str, tuple[str, list[int]]]) -> None:
 
 
 def _k3_full_entries() -> dict[str, tuple[str, list[int]]]:
-    root = validate_overrides(["experiment=k3_full"])
+    root = compose_root(["experiment=k3_full"])
     with torch.device("meta"):
         model = Decoder(root.decoder_config())
     entries = {}

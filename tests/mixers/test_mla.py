@@ -327,7 +327,7 @@ def test_gradients_reach_every_parameter():
 )
 def test_model_prefill_decode(overrides):
     from components.model import Decoder
-    from runtime.launch import compose, strip_hydra
+    from runtime.compose import compose, strip_hydra
     from runtime.validation import validate
 
     root = validate(strip_hydra(compose(["model=tiny", "mixer=mla", *overrides])))
@@ -348,7 +348,7 @@ def test_model_prefill_decode(overrides):
 
 
 def test_model_config_rejects_odd_rope_dim():
-    from runtime.launch import compose, strip_hydra
+    from runtime.compose import compose, strip_hydra
     from runtime.validation import validate
 
     with pytest.raises(ConfigError) as err:

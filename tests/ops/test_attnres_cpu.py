@@ -143,9 +143,9 @@ def test_block_attnres_fuses_each_read_with_its_norm_on_the_cpu(monkeypatch):
     # a whole model's step: the same loss and grads with the fused op as with the read and norm apart
     import components.residual.attnres as residual_module
     from components.model import Decoder
-    from runtime.launch import validate_overrides
+    from runtime.compose import compose_root
 
-    root = validate_overrides(["model=tiny", "residual=block_attnres", "mixer=gqa", "ffn=dense"])
+    root = compose_root(["model=tiny", "residual=block_attnres", "mixer=gqa", "ffn=dense"])
     torch.manual_seed(0)
     model = Decoder(root.decoder_config()).double()
     ids = torch.randint(0, model.embed.weight.shape[0], (2, 33))

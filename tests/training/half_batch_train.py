@@ -14,6 +14,7 @@ Supports the models whose step is a token-mean loss plus router statistics: no M
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 import torch
@@ -67,11 +68,11 @@ class HalfBatchModule(lit_module.LanguageModelModule):
 
 
 def main() -> None:
-    lit_module.LanguageModelModule = HalfBatchModule  # runtime.run builds the module it finds here
-    from runtime.launch import run
-    from train import task
+    import runtime.run
+    from runtime.train_command import main as train_main
 
-    run(task)
+    runtime.run.LanguageModelModule = HalfBatchModule  # the training module runtime.run builds
+    sys.exit(train_main(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ module with the same arguments):
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -39,10 +40,9 @@ def plant(defect: str) -> None:
 
 def main() -> None:
     plant(os.environ.get("PLANTED_DEFECT", ""))
-    from runtime.launch import run
-    from train import task
+    from runtime.train_command import main as train_main
 
-    run(task)
+    sys.exit(train_main(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ import os
 import pytest
 import torch
 
-import runtime.checkpoint_io as checkpoint_io
-from runtime.checkpoint_io import AtomicCheckpointIO, CheckpointWriteError, load_checkpoint_file
-from tests.helpers import run_train
-from tests.training.test_train import only_run_dir
+import runtime.checkpoints.write as checkpoint_io
+from runtime.checkpoints.read import load_checkpoint_file
+from runtime.checkpoints.write import AtomicCheckpointIO, CheckpointWriteError
+from tests.helpers import only_run_dir, run_train
 
 
 class _FillingUp:
@@ -57,6 +57,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_a_run_whose_disk_fills_up_stops_with_one_message_and_its_checkpoints_intact(tmp_path):
+    # train.py in a process of its own: the exit status and the console are the contract here
     result = run_train(
         "model=tiny",
         "data=corpus",

@@ -13,8 +13,8 @@ import torch
 from omegaconf import OmegaConf
 
 from components.registry import ConfigError
-from runtime.launch import compose, resolve_run_dir
-from runtime.launch_env import ExternalLaunch, agreed_run_dir, detect_external_launch
+from runtime.compose import compose
+from runtime.run_folder import ExternalLaunch, agreed_run_dir, detect_external_launch, resolve_run_dir
 from tests.helpers import compose_root
 
 # task 9 of `srun` over 2 nodes x 8 tasks: the second task on the second node

@@ -4,7 +4,7 @@ Loading uses ``weights_only=True`` (no arbitrary pickled code); every record of 
 checked against its CRC-32 first (``torch.load`` does not check the tensor data's). Sharded checkpoints
 (FSDP2: a folder with one file per rank) are checked for completeness against their own index before
 use. No Lightning here: the analysis tools read checkpoints without importing it
-(``runtime/checkpoint_io.py`` writes them).
+(``runtime/checkpoints/write.py`` writes them).
 """
 
 from __future__ import annotations

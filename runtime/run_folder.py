@@ -1,20 +1,25 @@
-"""Which external launch this process belongs to, and one run folder for all of its ranks.
+"""The folder a run writes into, and one folder for every process of a run.
 
-``torchrun --nproc_per_node=N train.py ...`` and ``srun python train.py ...`` start every rank of one
-run as a separate ``train.py`` process. Each would pick the run folder on its own, and a rank that
-starts after rank 0 has created ``<name>`` would see it taken and choose ``<name>-2``. So rank 0
-resolves the folder and publishes it in ``<output_root>/.launches/<launch id>``; the other ranks wait
-for that record and use it. Detection follows Lightning's own order (torchrun first, since it can run
-inside a SLURM allocation; SLURM only when Lightning would treat the tasks as ranks), so the processes
-that agree on a folder are exactly those Lightning joins into one run.
+A fresh run gets ``<output_root>/<name>-<config hash>`` (``-2``, ``-3``, ... when that already holds
+results), so the same command with ``ckpt_path=last`` finds the run to resume; a ``ckpt_path`` file
+continues in the run folder it belongs to.
 
-Processes that Lightning itself spawns for ``trainer.devices=N`` are not external launches: they get
-the folder from their parent (``runtime.handoff.pinned_run_dir``), which ``runtime/launch.py`` checks first.
+Every process of one run must write into the same folder. The ranks Lightning starts itself
+(``trainer.devices=N``) re-run ``train.py`` with ``hydra.run.dir`` set to it. ``torchrun
+--nproc_per_node=N train.py ...`` and ``srun python train.py ...`` start every rank as a separate process:
+each would pick the folder on its own, and a rank that starts after rank 0 has created ``<name>`` would see
+it taken and choose ``<name>-2``. So rank 0 resolves the folder and publishes it in
+``<output_root>/.launches/<launch id>``; the other ranks wait for that record and use it. Detection follows
+Lightning's own order (torchrun first, since it can run inside a SLURM allocation; SLURM only when Lightning
+would treat the tasks as ranks), so the processes that agree on a folder are exactly those Lightning joins
+into one run.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
+import itertools
 import json
 import os
 import re
@@ -22,6 +27,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional
+
+from components.registry import ConfigError
+from runtime.checkpoints import layout
+from runtime.config import RootConfig, to_container
 
 RECORDS_FOLDER = ".launches"
 WAIT_TIMEOUT_S = 600.0
@@ -33,6 +42,54 @@ CLOCK_SKEW_S = 60.0
 SLURM_INTERACTIVE_JOB_NAMES = ("bash", "interactive")  # Lightning leaves these to other launchers
 
 _IMPORTED_AT = time.time()
+
+
+def default_run_name(root: RootConfig) -> str:
+    """The run's name when ``name`` is unset: data, mixers, FFNs, residual scheme and size."""
+    plan = root.decoder_config().layers
+    mixers = "+".join(sorted({s.mixer.name for s in plan}))
+    ffns = "+".join(sorted({s.ffn.name for s in plan}))
+    return f"{root.data.name}-{mixers}-{ffns}-{root.residual.name}-d{root.model.d_model}x{root.model.n_layers}"
+
+
+def config_fingerprint(root: RootConfig) -> str:
+    """Six hex digits that tell two configurations apart: everything that changes what a run trains."""
+    data = to_container(root)
+    data.pop("ckpt_path", None)
+    data.pop("callbacks", None)  # extra callbacks observe or interrupt a run; they do not make it another run
+    # how a run is observed, fits in memory or keeps its checkpoints, not what it trains
+    for key in ("profiler", "activation_checkpointing", "keep_last_checkpoints"):
+        data["trainer"].pop(key, None)
+    return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:6]
+
+
+def resolve_run_dir(root: RootConfig) -> Path:
+    """Where a single run writes. Fresh runs never reuse a folder that holds results."""
+    base = Path(root.output_root) / (root.name or f"{default_run_name(root)}-{config_fingerprint(root)}")
+    # the run's folders so far: base, base-2, base-3, ... (consecutive)
+    existing = list(
+        itertools.takewhile(
+            Path.exists, (base.with_name(f"{base.name}-{i}") if i > 1 else base for i in itertools.count(1))
+        )
+    )
+    if root.ckpt_path == "last":
+        resumable = [p for p in existing if layout.has_checkpoint(str(p))]
+        if resumable:
+            return resumable[-1].resolve()
+    elif root.ckpt_path is not None:
+        ckpt = Path(root.ckpt_path)
+        if not (ckpt.is_file() or layout.is_sharded(str(ckpt))):
+            raise ConfigError(
+                "ckpt_path",
+                f"checkpoint not found: {root.ckpt_path} (use a .ckpt file or sharded .ckpt folder, 'last' or null)",
+            )
+        if ckpt.resolve().parent.name == layout.FOLDER:
+            return ckpt.resolve().parent.parent  # continue in the run folder the checkpoint belongs to
+    empty = [p for p in existing if not any(p.iterdir())]
+    if empty:
+        return empty[0].resolve()
+    n = len(existing) + 1
+    return (base if n == 1 else base.with_name(f"{base.name}-{n}")).resolve()
 
 
 @dataclass(frozen=True)

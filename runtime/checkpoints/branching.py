@@ -6,20 +6,26 @@ import functools
 import os
 from typing import Optional
 
-from components.hf.checkpoint import is_checkpoint_folder
+import torch
+
+from components.hf.checkpoint import WeightsMismatch, check_weights, is_checkpoint_folder
+from components.hf.config_json import SANDBOX_KEY, read_config
+from components.hf.foreign_config import composition_overrides, merged_overrides
+from components.model import Decoder
 from components.registry import ConfigError
+from runtime.checkpoints import layout
+from runtime.checkpoints.read import CorruptCheckpointError, load_checkpoint_file
 from runtime.config import RootConfig
-from runtime.validation import check
+
+
+def check(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(key, message)
 
 
 def check_weights_fit(folder: str, root: RootConfig) -> None:
     """Every tensor of the weights folder fits the composed model (names, shapes, dtypes from the files'
     headers, the model built on the meta device): a ConfigError naming the first that does not."""
-    import torch
-
-    from components.hf.checkpoint import WeightsMismatch, check_weights
-    from components.model import Decoder
-
     with torch.device("meta"):
         model = Decoder(root.decoder_config())
     try:
@@ -36,11 +42,6 @@ def with_folder_composition(overrides: list[str]) -> tuple[list[str], Optional[s
     """``overrides`` preceded by the composition of the folder ``init_from`` names when transformers saved
     it (a Llama model, components/hf/foreign_config.py), minus what the overrides set themselves; and a
     line saying so (None when nothing was added)."""
-    import os
-
-    from components.hf.config_json import SANDBOX_KEY, read_config
-    from components.hf.foreign_config import composition_overrides, merged_overrides
-
     path = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("init_from=")), None)
     if not path or not is_checkpoint_folder(path):
         return overrides, None
@@ -62,16 +63,13 @@ def _checkpoint_weights(path: str, size: int, mtime_ns: int) -> dict[str, tuple[
     """``{model key: (shape, floating)}`` of a checkpoint, read completely once per file version (every
     job of a sweep branching from it is checked against the same read); CorruptCheckpointError naming a
     truncated or corrupt file."""
-    from runtime.checkpoint_files import CorruptCheckpointError, load_checkpoint_file
-    from runtime.load_run import MODULE_PREFIX
-
     if os.path.isdir(path):  # a sharded checkpoint: every shard's byte range, the weights from the index
         from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         load_checkpoint_file(path)
         entries = FileSystemReader(path).read_metadata().state_dict_metadata
-        prefix = f"state_dict.{MODULE_PREFIX}"
+        prefix = f"state_dict.{layout.MODULE_PREFIX}"
         return {
             k[len(prefix) :]: (tuple(m.size), m.properties.dtype.is_floating_point)
             for k, m in entries.items()
@@ -81,9 +79,9 @@ def _checkpoint_weights(path: str, size: int, mtime_ns: int) -> dict[str, tuple[
     if not isinstance(state, dict):
         raise CorruptCheckpointError(f"checkpoint {path} holds no model weights (no state_dict)")
     return {
-        k[len(MODULE_PREFIX) :]: (tuple(v.shape), v.is_floating_point())
+        k[len(layout.MODULE_PREFIX) :]: (tuple(v.shape), v.is_floating_point())
         for k, v in state.items()
-        if k.startswith(MODULE_PREFIX) and hasattr(v, "shape")
+        if k.startswith(layout.MODULE_PREFIX) and hasattr(v, "shape")
     }
 
 
@@ -91,11 +89,6 @@ def check_checkpoint_fits(path: str, key: str, root: RootConfig) -> None:
     """The checkpoint a branch starts from reads completely and its weights fit the composed model
     (every key, each shape, floating where the model's are): a ConfigError on ``key`` naming the file
     and the first tensor that does not, before any run folder exists."""
-    import torch
-
-    from components.model import Decoder
-    from runtime.checkpoint_files import CorruptCheckpointError
-
     stat = os.stat(path)
     try:
         found = _checkpoint_weights(os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
@@ -141,8 +134,8 @@ def branch_checkpoint(root: RootConfig) -> Optional[str]:
             "init_step",
             f"init_from={path} is a folder of exported weights; init_step applies to a run folder",
         )
-        return None  # weights only: the run starts at step 0 (runtime/run.py loads them)
-    if os.path.isfile(path) or os.path.isfile(os.path.join(path, ".metadata")):
+        return None  # weights only: the run starts at step 0 (the training run loads them)
+    if os.path.isfile(path) or layout.is_sharded(path):
         check(
             root.init_step is None,
             "init_step",
@@ -150,22 +143,18 @@ def branch_checkpoint(root: RootConfig) -> Optional[str]:
         )
         return path
     check(
-        os.path.isdir(os.path.join(path, "checkpoints")),
+        os.path.isdir(layout.folder_of(path)),
         "init_from",
         f"{path} is neither a checkpoint, a run folder (no checkpoints/ in it) nor a folder of exported weights "
         "(config.json beside model.safetensors)",
     )
-    steps = sorted(
-        int(n[5:-5])
-        for n in os.listdir(os.path.join(path, "checkpoints"))
-        if n.startswith("step=") and n.endswith(".ckpt")
-    )
+    steps = layout.periodic_steps(path)
     check(
         root.init_step is not None,
         "init_step",
         f"init_from={path} is a run folder: name the step to branch at (checkpoints at steps {steps})",
     )
-    ckpt = os.path.join(path, "checkpoints", f"step={root.init_step}.ckpt")
+    ckpt = layout.periodic_path(path, root.init_step)
     check(os.path.exists(ckpt), "init_step", f"{path} has no checkpoint at step {root.init_step}; it has steps {steps}")
     return ckpt
 

@@ -3,7 +3,7 @@
 A checkpoint is written to a temporary file in the same folder, flushed to disk, then renamed over the
 target (atomic on POSIX), so a crash mid-write keeps the previous good checkpoint, and a full disk
 (the write fails) does too: ``CheckpointWriteError`` names the checkpoint. Loading is
-``runtime/checkpoint_files.py``'s (a truncated or corrupt file refused by name).
+``runtime/checkpoints/read.py``'s (a truncated or corrupt file refused by name).
 """
 
 from __future__ import annotations
@@ -14,15 +14,7 @@ from typing import Any, Callable, Optional
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from runtime.checkpoint_files import CorruptCheckpointError, check_sharded_checkpoint, load_checkpoint_file
-
-__all__ = [
-    "AtomicCheckpointIO",
-    "CheckpointWriteError",
-    "CorruptCheckpointError",
-    "check_sharded_checkpoint",
-    "load_checkpoint_file",
-]
+from runtime.checkpoints.read import load_checkpoint_file
 
 
 class CheckpointWriteError(RuntimeError):

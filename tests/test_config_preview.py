@@ -46,3 +46,29 @@ def test_help_offers_every_member_and_no_schema_entries():
     for group, registry in FAMILIES.items():
         assert sorted(c.strip() for c in choices[group]) == registry.names(), group
     assert "vocab_size: ${data.vocab_size}" in out.stdout  # the default config follows, unresolved
+
+
+def test_cfg_hydra_resolves_the_slurm_launcher_in_process(capsys):
+    """``--cfg hydra --resolve`` resolves the hydra node inside the whole config: the launcher's shape comes
+    from the trainer (``trainer.num_nodes`` / ``devices``) and its folder from ``output_root``."""
+    from runtime.train_command import main
+
+    argv = ["hydra/launcher=slurm", "trainer=slurm", "trainer.num_nodes=3", "output_root=/runs", "--cfg", "hydra"]
+    assert main([*argv, "--resolve"]) == 0
+    launcher = yaml.safe_load(capsys.readouterr().out)["hydra"]["launcher"]
+    assert (launcher["nodes"], launcher["tasks_per_node"], launcher["gpus_per_node"]) == (3, 8, 8)
+    assert launcher["submitit_folder"].startswith("/runs/sweeps/") and "${" not in launcher["submitit_folder"]
+    assert main(argv) == 0  # unresolved: the references themselves
+    assert yaml.safe_load(capsys.readouterr().out)["hydra"]["launcher"]["nodes"] == "${trainer.num_nodes}"
+
+
+def test_cfg_all_resolves_hydra_and_job_together(capsys):
+    from runtime.train_command import main
+
+    assert main(["--cfg", "all", "--resolve", "output_root=/runs"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["hydra"]["run"]["dir"].startswith("/runs/adhoc/") and cfg["hydra"]["job"]["num"] == 0
+    assert cfg["model"]["vocab_size"] == cfg["data"]["vocab_size"] > 0
+    assert main(["-m", "--cfg", "hydra", "--resolve", "output_root=/runs"]) == 0  # a multirun's first job
+    hydra = yaml.safe_load(capsys.readouterr().out)["hydra"]
+    assert hydra["runtime"]["output_dir"] == f"{hydra['sweep']['dir']}/0"

@@ -1,10 +1,14 @@
-"""``python train.py --help`` and ``--cfg job|all``: what a run would be, printed without running it.
+"""``python train.py --help`` and ``--cfg job|hydra|all [--resolve]``: what a run would be, printed
+without running it.
 
 Hydra answers these flags itself, but its help lists the schema entries every component stores in the
-ConfigStore (``mixer: gqa, gqa_schema, ...``) as if they were choices, and ``--cfg job --resolve`` fails on
+ConfigStore (``mixer: gqa, gqa_schema, ...``) as if they were choices, ``--cfg job --resolve`` fails on
 ``model.vocab_size: ${data.vocab_size}``, which only the chosen dataset can fill (a prepared folder's
-vocabulary, a tokenizer's size). Both are answered here from the same composition and data completion a
-run uses; ``--cfg hydra`` and the other information flags stay Hydra's.
+vocabulary, a tokenizer's size), and ``--cfg hydra --resolve`` fails on keys Hydra fills only when a job
+runs (``hydra.job.num``) and on the run config's keys the ``hydra`` node refers to (``output_root``). All
+are answered here from the same composition and data completion a run uses, the ``hydra`` node resolved
+inside the whole config with the values its first job would get. The other information flags
+(``--info``, ``--hydra-help``, ``--shell-completion``, ``--version``) stay Hydra's.
 """
 
 from __future__ import annotations
@@ -12,7 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from runtime.compose import compose, conf_dir, strip_hydra
+from runtime.config import REGISTRIES
+from runtime.validation import complete_data
 
 HELP_FLAGS = ("--help", "-h")
 CFG_FLAGS = ("--cfg", "-c")
@@ -20,7 +28,7 @@ PACKAGE_FLAGS = ("--package", "-p")
 CFG_CHOICES = ("job", "hydra", "all")
 
 
-class InfoFlagError(ValueError):
+class PreviewFlagError(ValueError):
     """A malformed ``--cfg`` / ``--package`` flag."""
 
 
@@ -50,43 +58,50 @@ def overrides_of(argv: list[str]) -> list[str]:
     return out
 
 
-def completed_config(overrides: list[str]) -> DictConfig:
-    """The composed config (with its ``hydra`` node) and the chosen dataset's own fields filled in."""
-    from runtime.launch import compose
-    from runtime.validation import complete_data
-
+def completed_config(overrides: list[str], multirun: bool = False) -> DictConfig:
+    """The composed config (with its ``hydra`` node) and the chosen dataset's own fields filled in; the
+    ``hydra`` node's job fields as Hydra sets them for a single run, or for a multirun's first job."""
     cfg = compose(overrides)
     complete_data(cfg)
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.job.num = 0
+        cfg.hydra.job.id = "0"
+        cfg.hydra.runtime.output_dir = "${hydra.sweep.dir}/${hydra.sweep.subdir}" if multirun else "${hydra.run.dir}"
     return cfg
 
 
+def asks_help(argv: list[str]) -> bool:
+    return any(a in HELP_FLAGS for a in argv)
+
+
 def answers(argv: list[str]) -> bool:
-    """Whether this module answers ``argv`` (``--help``, or ``--cfg job|all``)."""
-    if any(a in HELP_FLAGS for a in argv):
-        return True
-    given, choice = _flag_value(argv, CFG_FLAGS)
-    return given and choice != "hydra"
+    """Whether this module answers ``argv`` (``--help``, or ``--cfg``)."""
+    return asks_help(argv) or _flag_value(argv, CFG_FLAGS)[0]
 
 
 def print_config(argv: list[str]) -> None:
     """``--cfg job|all [--resolve] [--package KEY]``, as Hydra prints it."""
     _, choice = _flag_value(argv, CFG_FLAGS)
     if choice not in CFG_CHOICES:
-        raise InfoFlagError(f"--cfg: '{choice}' is not allowed; choose one of {', '.join(CFG_CHOICES)}")
-    cfg = completed_config(overrides_of(argv))
-    if choice == "job":
-        from runtime.launch import strip_hydra
-
-        cfg = strip_hydra(cfg)
+        raise PreviewFlagError(f"--cfg: '{choice}' is not allowed; choose one of {', '.join(CFG_CHOICES)}")
+    cfg = completed_config(overrides_of(argv), multirun="-m" in argv or "--multirun" in argv)
+    resolve = "--resolve" in argv
+    if resolve:  # in the whole config, so that the hydra node's references to the run's keys resolve
+        OmegaConf.resolve(cfg)
+    node = strip_hydra(cfg) if choice == "job" else _hydra_node(cfg) if choice == "hydra" else cfg
     given, package = _flag_value(argv, PACKAGE_FLAGS)
-    node = cfg
     if given:
         node = OmegaConf.select(cfg, package or "", default=None)
         if node is None:
-            raise InfoFlagError(f"--package: the config has no key '{package}'")
+            raise PreviewFlagError(f"--package: the config has no key '{package}'")
         print(f"# @package {package}")
-    resolve = "--resolve" in argv
     print(OmegaConf.to_yaml(node, resolve=resolve) if isinstance(node, DictConfig) else node)
+
+
+def _hydra_node(cfg: DictConfig) -> DictConfig:
+    """The ``hydra`` node alone, without its help texts (what Hydra's own ``--cfg hydra`` prints)."""
+    hydra = OmegaConf.to_container(cfg.hydra)  # resolved already when --resolve is given
+    return OmegaConf.create({"hydra": {k: v for k, v in hydra.items() if k not in ("help", "hydra_help")}})
 
 
 def config_groups(conf: Path) -> dict[str, list[str]]:
@@ -100,9 +115,6 @@ def config_groups(conf: Path) -> dict[str, list[str]]:
 
 
 def print_help(argv: list[str]) -> None:
-    from runtime.config import REGISTRIES
-    from runtime.launch import conf_dir, strip_hydra
-
     lines = [
         "python train.py [group=option ...] [key=value ...]   train one run (-m / --multirun: a sweep)",
         "",
