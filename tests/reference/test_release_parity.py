@@ -110,18 +110,24 @@ def parity(tmp_path_factory):
     prompt = torch.tensor([list(PROMPT)])  # [1, T]
     torch.save(prompt, work / "prompt.pt")
     readers = {}  # each folder read while the next is exported (the interpreter's kernels are single-threaded)
-    for name, flags in EXPORTS.items():
-        _run(sys.executable, "-m", "analysis.export", *flags, str(run), str(work / name))
-        command = [REFERENCE_PYTHON, str(READER), str(work / name), str(work / "prompt.pt"), str(NEW_TOKENS)]
-        command.append(str(work / f"{name}.release.pt"))
-        readers[name] = subprocess.Popen(
-            command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    read = {}
-    for name, proc in readers.items():
-        out, _ = proc.communicate(timeout=900)
-        assert proc.returncode == 0, f"the release could not read the {name} export:\n{out[-4000:]}"
-        read[name] = (work / name, torch.load(work / f"{name}.release.pt"))
+    try:
+        for name, flags in EXPORTS.items():
+            _run(sys.executable, "-m", "analysis.export", *flags, str(run), str(work / name))
+            command = [REFERENCE_PYTHON, str(READER), str(work / name), str(work / "prompt.pt"), str(NEW_TOKENS)]
+            command.append(str(work / f"{name}.release.pt"))
+            readers[name] = subprocess.Popen(
+                command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        read = {}
+        for name, proc in readers.items():
+            out, _ = proc.communicate(timeout=900)
+            assert proc.returncode == 0, f"the release could not read the {name} export:\n{out[-4000:]}"
+            read[name] = (work / name, torch.load(work / f"{name}.release.pt"))
+    finally:
+        for proc in readers.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return read, run, prompt
 
 
