@@ -34,9 +34,11 @@ Estimated (stated rules, not measurements of this model):
 * communication: the all-to-all of one MoE layer (send ``tokens x top_k`` rows in the routed width, receive
   ``RECEIVE_SKEW`` times that for imbalanced routing) and the reduce-scatter input of the largest unit
   (its gradient in fp32);
-* optimizer step (after backward, activations freed): Muon's owner rank gathers the largest
-  non-expert matrix in fp32 and iterates on it with ``NS_COPIES`` copies in the Newton-Schulz dtype;
-  local experts iterate in place; AdamW's foreach update needs one fp32 temporary of its local shard;
+* optimizer step (after backward, activations freed): Muon gathers each sharded non-expert matrix whole
+  on one owner rank (round-robin), which holds every matrix it owns and its orthogonalised result in fp32
+  -- at least the largest matrix, on average ``1 / gpus`` of them -- and iterates on one at a time with
+  ``NS_COPIES`` copies in the Newton-Schulz dtype; local experts iterate in place; AdamW's foreach update
+  needs one fp32 temporary of its local shard;
 * runtime reserve: ``RESERVE_FIXED`` (CUDA context, NCCL and cuBLAS workspaces) plus ``RESERVE_FRACTION``
   of the GPU (caching-allocator fragmentation).
 """
@@ -130,6 +132,7 @@ class Inventory:
     moe_layers: int
     residual_sources: int  # [tokens, d] tensors the residual scheme keeps across layers (1: the plain stream)
     largest_muon_matrix: int  # numbers of the largest non-expert matrix Muon orthogonalises
+    nonexpert_muon_params: int  # numbers of all the non-expert matrices Muon orthogonalises
     expert_matrix: int  # numbers of one expert's largest matrix
 
     def expert_parallel_sizes(self) -> list[int]:
@@ -185,7 +188,7 @@ def inventory(model: nn.Module, optimizer_cfg: Any) -> Inventory:
     groups: dict[tuple[int, int, bool, int], int] = {}
     units: dict[str, list[int]] = {}
     root = 0
-    muon_n = largest_muon = 0
+    muon_n = largest_muon = nonexpert_muon = 0
     for name, p in params:
         rows = p.shape[0] if p.ndim else 1
         key = (rows, p.numel() // max(rows, 1), id(p) in expert_ids, 1 if id(p) in muon_ids else 2)
@@ -194,6 +197,7 @@ def inventory(model: nn.Module, optimizer_cfg: Any) -> Inventory:
             muon_n += p.numel()
             if id(p) not in expert_ids:
                 largest_muon = max(largest_muon, p.numel())
+                nonexpert_muon += p.numel()
         unit = _unit_of(name)
         if unit == "root":
             root += p.numel()
@@ -231,6 +235,7 @@ def inventory(model: nn.Module, optimizer_cfg: Any) -> Inventory:
         moe_layers=moe_layers,
         residual_sources=max((n for _, n in model.residual.sources_per_read() or ()), default=1),
         largest_muon_matrix=largest_muon,
+        nonexpert_muon_params=nonexpert_muon,
         expert_matrix=expert_matrix,
     )
 
@@ -366,7 +371,9 @@ def plan(inv: Inventory, mesh: Mesh, capacity: int, precision: str = "bf16-mixed
         a2a = round(mesh.tokens * inv.top_k * inv.routed_width * b * (1 + RECEIVE_SKEW))
     reduce_scatter = gather["largest_unit_numbers"] * FP32
     training = gather["peak_numbers"] * b + activation_bytes(inv, mesh, b) + a2a + reduce_scatter
-    owner = inv.largest_muon_matrix * (FP32 + NS_COPIES * ns_bytes)  # gathered to its owner rank
+    # an owner holds its gathered matrices and their results in fp32 (one process: nothing gathered)
+    owned = max(inv.largest_muon_matrix, math.ceil(inv.nonexpert_muon_params / mesh.gpus)) if mesh.gpus > 1 else 0
+    owner = owned * 2 * FP32 + inv.largest_muon_matrix * NS_COPIES * ns_bytes
     experts_local = math.ceil(math.ceil(inv.num_experts / mesh.ep) / mesh.efsdp) if inv.num_experts else 0
     local_experts = experts_local * inv.expert_matrix * NS_COPIES * ns_bytes
     adamw_local = (shard["optimizer"] - shard["params"]) * FP32  # numbers with two buffers: one temporary each
