@@ -96,22 +96,24 @@ def test_compare_reads_an_online_group_like_a_sweep_folder(sweep, tmp_path):
     _, index = sweep
     run = read_folder(segments(Path(index[0]["run_dir"]) / "wandb")[0])
     worse = {**run.summary, "val": {**run.summary["val"], "loss": run.summary["val"]["loss"] + 0.5}}
+    rows = [{**{k: v for k, v in r.items() if k != "step"}, "trainer/global_step": r["step"]} for r in run.history]
     runs = [
-        FakeRun("a1", "run-a", [*run.tags, "point=a"], run.summary, run.history, "sweep-x", {"sweep": {"point": "a"}}),
-        FakeRun("b1", "run-b", ["point=b"], worse, run.history, "sweep-x"),  # varied options from the tags
-        FakeRun("c1", "run-c", ["point=c"], run.summary, run.history, group="other"),
-        FakeRun("d1", "run-d", ["point=d"], run.summary, run.history, group="sweep-x", state="running"),
+        FakeRun("a1", "run-a", [*run.tags, "point=a"], run.summary, rows, "sweep-x", {"sweep": {"point": "a"}}),
+        FakeRun("b1", "run-b", ["point=b"], worse, rows, "sweep-x"),  # varied options from the tags
+        FakeRun("c1", "run-c", ["point=c"], run.summary, rows, group="other"),
+        FakeRun("d1", "run-d", ["point=d"], run.summary, rows, group="sweep-x", state="running"),
     ]
     api = FakeApi({"me/k3": runs})
     result = compare(["wandb:me/k3/sweep-x"], str(tmp_path / "cmp"), wandb_api=api)
     assert api.calls == [("me/k3", {"group": "sweep-x"})]
     assert result["runs"] == 2  # the other group and the unfinished run are left out
     with open(tmp_path / "cmp" / "table.csv") as f:
-        rows = {r["point"]: r for r in csv.DictReader(f)}
-    assert set(rows) == {"a", "b"}
-    assert float(rows["a"]["val loss (final)"]) == pytest.approx(run.summary["val"]["loss"], abs=5e-5)
-    assert float(rows["b"]["val loss (final)"]) == pytest.approx(run.summary["val"]["loss"] + 0.5, abs=5e-5)
-    assert int(rows["a"]["params"]) == run.summary["params"]
+        table = {r["point"]: r for r in csv.DictReader(f)}
+    assert set(table) == {"a", "b"}
+    assert float(table["a"]["val loss (final)"]) == pytest.approx(run.summary["val"]["loss"], abs=5e-5)
+    assert float(table["b"]["val loss (final)"]) == pytest.approx(run.summary["val"]["loss"] + 0.5, abs=5e-5)
+    assert int(table["a"]["params"]) == run.summary["params"]
+    assert float(table["a"]["tokens/s"]) > 0  # the median of the history's logged intervals
     assert Path(result["images"][0]).name == "loss.png" and Path(result["images"][0]).stat().st_size > 10_000
 
 

@@ -60,7 +60,10 @@ def test_offline_run_carries_compute_identity_and_validation_at_its_step(tmp_pat
 
     # identity: name, group and job type; config fields to filter on; the tag fitted, its full value kept
     fields = run.config["run"]
-    assert run.job_type == "train" and fields["config_hash"] in run.name and run.group == fields["group"]
+    assert run.job_type == "train" and run.name.endswith(fields["config_hash"]) and run.group == fields["group"]
+    # the overrides it was given, shortened readably (where it writes, logs or how often: left out)
+    label = "model=tiny seq_len=64 batch_size=8 val_tokens=2048 compile=false max_time_minutes=null max_steps=6"
+    assert run.name.startswith(label) and run.group.startswith(label) and "output_root" not in run.name
     assert Path(fields["run_dir"]).resolve() == run_dir.resolve() and fields["layer_plan"] == "GG"
     (cut,) = [t for t in run.tags if t.startswith("ttt")]
     assert len(cut) == 64 and fields["tags_cut"] == {cut: LONG_TAG}
