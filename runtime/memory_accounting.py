@@ -126,7 +126,8 @@ class Inventory:
     d_model: int
     vocab_size: int
     heads: int  # the head's loss plus one per MTP depth
-    num_experts: int  # of every MoE layer (0: no routed experts)
+    num_experts: int  # of the largest MoE layer (0: no routed experts)
+    experts_divisor: int  # the greatest common divisor of the MoE layers' expert counts: what ep must divide
     top_k: int
     routed_width: int  # the width (token, slot) rows travel in: the latent width for LatentMoE
     moe_layers: int
@@ -137,7 +138,8 @@ class Inventory:
 
     def expert_parallel_sizes(self) -> list[int]:
         """Every ep that divides the expert count (1 only without routed experts)."""
-        return [e for e in range(1, self.num_experts + 1) if self.num_experts % e == 0] if self.num_experts else [1]
+        n = self.experts_divisor
+        return [e for e in range(1, n + 1) if n % e == 0] if n else [1]
 
 
 def _unit_of(name: str) -> str:
@@ -179,8 +181,6 @@ def inventory(model: nn.Module, optimizer_cfg: Any) -> Inventory:
         top_k = max(top_k, experts.num_experts - block.ffn.unchosen_expert_params() // per_expert)
         width = max(width, experts.d_in)
         expert_matrix = max(expert_matrix, *(p[0].numel() for p in experts.parameters()))
-    if len(num_experts) > 1:
-        raise ValueError(f"MoE layers with different expert counts {sorted(num_experts)}: no single ep divides them")
     muon_ids: set[int] = set()
     if getattr(optimizer_cfg, "name", "adamw") == "muon":
         muon, _ = muon_partition(model, optimizer_cfg.per_head, optimizer_cfg.per_head_scope)
@@ -229,7 +229,8 @@ def inventory(model: nn.Module, optimizer_cfg: Any) -> Inventory:
         d_model=model.d_model,
         vocab_size=model.vocab_size,
         heads=1 + len(model.mtp),
-        num_experts=next(iter(num_experts), 0),
+        num_experts=max(num_experts, default=0),
+        experts_divisor=math.gcd(*num_experts) if num_experts else 0,
         top_k=top_k,
         routed_width=width,
         moe_layers=moe_layers,
@@ -266,8 +267,8 @@ class Mesh:
     def check(self, inv: Inventory) -> None:
         if self.gpus < 1 or self.ep < 1 or self.gpus % self.ep:
             raise ValueError(f"ep {self.ep} must divide the {self.gpus} GPUs")
-        if self.ep > 1 and inv.num_experts % self.ep:
-            raise ValueError(f"ep {self.ep} must divide the {inv.num_experts} experts")
+        if self.ep > 1 and inv.experts_divisor % self.ep:
+            raise ValueError(f"ep {self.ep} must divide every MoE layer's experts ({inv.experts_divisor} divides them)")
 
 
 def compute_bytes(precision: str) -> int:
