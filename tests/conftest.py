@@ -63,9 +63,10 @@ def trained_run(tmp_path_factory):
 
     runs = {}
 
-    def train(*overrides: str):
-        if overrides not in runs:
-            runs[overrides] = train_in_process(f"output_root={tmp_path_factory.mktemp('run')}", *overrides)
-        return runs[overrides]
+    def train(*overrides: str, threads: int | None = None):
+        if (overrides, threads) not in runs:
+            output_root = f"output_root={tmp_path_factory.mktemp('run')}"
+            runs[overrides, threads] = train_in_process(output_root, *overrides, threads=threads)
+        return runs[overrides, threads]
 
     return train

@@ -137,6 +137,16 @@ def train_in_process(*overrides: str, threads: int | None = None) -> TrainedRun:
         return TrainedRun(Path(run.run_dir), summary, tee.buffer.getvalue())
 
 
+def train_command_in_process(*argv: str) -> int:
+    """``python train.py argv...``'s whole command line (``runtime.train_command.main``: flags, the composition
+    an ``init_from`` folder brings, Hydra's job and ``.hydra/``, the exit statuses) in this process; its exit
+    status. What it prints goes to this process's streams (pytest's ``capsys``)."""
+    from runtime.train_command import main
+
+    with isolated_process_state():
+        return main(list(argv))
+
+
 @contextlib.contextmanager
 def isolated_process_state():
     """Puts back what a training run changes in its process, so that runs and tests after it start as they

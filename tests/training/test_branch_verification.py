@@ -13,7 +13,8 @@ from analysis.export import main as export_main
 from components.hf.safetensors_files import SINGLE
 from components.model import Decoder
 from components.registry import ConfigError
-from tests.helpers import compose_root, run_train, save_run, tree_hash
+from runtime.train_command import EXIT_CONFIG_ERROR, main
+from tests.helpers import compose_root, save_run, tree_hash
 
 MODEL = ["model=tiny", "data=corpus", "data.seq_len=32", "data.batch_size=4", "data.val_tokens=256"]
 TRAIN = [
@@ -80,27 +81,31 @@ def test_a_checkpoint_that_does_not_fit_the_composed_model_is_named(source):
         compose_root(*MODEL, "model.mtp_depth=1", f"init_from={ckpt}")
 
 
-def _refused_by_train(tmp_path, init_from, message):
+def _refused_by_train(tmp_path, init_from, message, capsys):
+    """train.py's command line (in this process) exits with status 2 and one message, writing nothing."""
     out = tmp_path / "runs"
     before = tree_hash(tmp_path)
-    result = run_train(*TRAIN, f"init_from={init_from}", f"output_root={out}")
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.count("\n") == 1, result.stderr  # one message
+    capsys.readouterr()
+    assert main([*TRAIN, f"init_from={init_from}", f"output_root={out}"]) == EXIT_CONFIG_ERROR
+    stderr = capsys.readouterr().err
+    assert message in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.count("\n") == 1, stderr  # one message
     assert not out.exists() and tree_hash(tmp_path) == before  # no run folder, nothing touched
 
 
-def test_train_refuses_a_truncated_checkpoint_before_making_a_run_folder(source, tmp_path):
+def test_train_refuses_a_truncated_checkpoint_before_making_a_run_folder(source, tmp_path, capsys):
     run, _ = source
     ckpt = tmp_path / "model.ckpt"
     shutil.copy(run / "checkpoints" / "last.ckpt", ckpt)
     _cut(ckpt, -100)
-    _refused_by_train(tmp_path, ckpt, f"error: init_from: checkpoint {ckpt} is unreadable (truncated or corrupt)")
+    _refused_by_train(
+        tmp_path, ckpt, f"error: init_from: checkpoint {ckpt} is unreadable (truncated or corrupt)", capsys
+    )
 
 
-def test_train_refuses_an_export_cut_short_behind_its_header_before_making_a_run_folder(source, tmp_path):
+def test_train_refuses_an_export_cut_short_behind_its_header_before_making_a_run_folder(source, tmp_path, capsys):
     _, export = source
     copy = tmp_path / "export"
     shutil.copytree(export, copy)
     _cut(copy / SINGLE, -100)
-    _refused_by_train(tmp_path, copy, f"error: init_from: {copy / SINGLE}: the header describes")
+    _refused_by_train(tmp_path, copy, f"error: init_from: {copy / SINGLE}: the header describes", capsys)

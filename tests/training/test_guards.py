@@ -10,10 +10,10 @@ import re
 import pytest
 import torch
 
-from runtime.checkpoint_io import load_checkpoint_file
+from runtime.checkpoints.read import load_checkpoint_file
 from runtime.jsonl_logger import read_metrics
-from tests.helpers import kill_after_microbatch, run_train
-from tests.training.test_train import FAST, only_run_dir
+from runtime.lit_module import NonFiniteTrainingError
+from tests.helpers import FAST, kill_after_microbatch, only_run_dir, run_train
 
 EXPLODING = [
     *FAST,
@@ -31,6 +31,7 @@ def _all_finite(state: dict) -> bool:
 
 
 def test_planted_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    # train.py in a process of its own: exit status 3 and the one error line are the contract here
     result = run_train(*EXPLODING, f"output_root={tmp_path}")
     assert result.returncode == 3, result.stderr[-3000:]
     match = re.search(
@@ -46,12 +47,10 @@ def test_planted_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tm
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
 
 
-def test_skip_mode_leaves_weights_untouched_then_gives_up(tmp_path):
-    result = run_train(
-        *EXPLODING, "trainer.on_nonfinite=skip", "trainer.max_skipped_steps=3", f"output_root={tmp_path}"
-    )
-    assert result.returncode == 3, result.stderr[-3000:]
-    assert "(3 steps skipped in a row, trainer.max_skipped_steps=3)" in result.stderr
+def test_skip_mode_leaves_weights_untouched_then_gives_up(tmp_path, train_run):
+    with pytest.raises(NonFiniteTrainingError) as err:  # train.py's exit status 3
+        train_run(*EXPLODING, "trainer.on_nonfinite=skip", "trainer.max_skipped_steps=3")
+    assert "(3 steps skipped in a row, trainer.max_skipped_steps=3)" in str(err.value)
     run_dir = only_run_dir(tmp_path)
     skipped = [
         r["train/skipped_steps"] for r in read_metrics(str(run_dir / "metrics.jsonl")) if "train/skipped_steps" in r
@@ -63,18 +62,10 @@ def test_skip_mode_leaves_weights_untouched_then_gives_up(tmp_path):
         assert all(torch.equal(later[k], last_three[0][k]) for k in later)
 
 
-def test_unreachable_wandb_server_falls_back_to_offline(tmp_path):
-    env = {"WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_MODE": ""}
-    result = run_train(
-        *FAST,
-        "trainer.max_steps=2",
-        "logger=wandb",
-        "logger.mode=online",
-        "logger.init_timeout_s=5",
-        f"output_root={tmp_path}",
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_unreachable_wandb_server_falls_back_to_offline(tmp_path, train_run, monkeypatch):
+    for name, value in {"WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_MODE": ""}.items():
+        monkeypatch.setenv(name, value)
+    result = train_run(*FAST, "trainer.max_steps=2", "logger=wandb", "logger.mode=online", "logger.init_timeout_s=5")
     assert "warning: W&B online run could not start" in result.stdout
     run_dir = only_run_dir(tmp_path)
     offline = list((run_dir / "wandb").glob("offline-run-*"))
@@ -101,7 +92,7 @@ def test_wandb_logging_failure_mid_run_switches_wandb_off(monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_resume_continues_the_same_wandb_run(tmp_path):
+def test_resume_continues_the_same_wandb_run(tmp_path, train_run, monkeypatch):
     """A killed run resumed with ckpt_path=last logs into the same W&B run id (offline: a second
     directory of the same run, which `wandb sync` uploads as one run)."""
     import signal
@@ -118,8 +109,8 @@ def test_resume_continues_the_same_wandb_run(tmp_path):
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     first_id = json.loads((run_dir / "run.json").read_text())["wandb_id"]
-    resumed = run_train(*common, "ckpt_path=last", env={"WANDB_MODE": "offline"})
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    train_run(*common, "ckpt_path=last")
     assert json.loads((run_dir / "run.json").read_text())["wandb_id"] == first_id
     runs = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(p.name.endswith(f"-{first_id}") for p in runs)

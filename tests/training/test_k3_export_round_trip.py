@@ -4,6 +4,8 @@ the run's loss, the harness the run's log-likelihoods, and ``init_from`` starts 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -11,8 +13,6 @@ import torch
 
 from runtime.config import to_container
 from runtime.load_run import load_run
-from tests.helpers import run_python, run_train
-from tests.training.test_train import only_run_dir
 
 K3 = [
     "experiment=k3_tiny",  # KDA x 3 then MLA, dense layer 0, Stable LatentMoE, QB, block AttnRes, one MTP depth
@@ -31,15 +31,15 @@ K3 = [
 
 
 @pytest.fixture(scope="module")
-def run_and_export(tmp_path_factory):
-    root = tmp_path_factory.mktemp("k3-export")
-    result = run_train(*K3, "trainer.max_steps=2", f"output_root={root / 'runs'}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    run = only_run_dir(root / "runs")
-    export = root / "export"
-    proc = run_python("-m", "analysis.export", str(run), str(export))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "K3SandboxForCausalLM" in proc.stdout  # K3 text-only: the registered class, never Kimi-Linear-48B's
+def run_and_export(trained_run, tmp_path_factory):
+    from analysis.export import main as export_main
+
+    run = trained_run(*K3, "trainer.max_steps=2").run_dir
+    export = tmp_path_factory.mktemp("k3-export") / "export"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert export_main([str(run), str(export)]) == 0
+    assert "K3SandboxForCausalLM" in printed.getvalue()  # K3 text-only: the registered class, never Kimi-Linear-48B's
     return run, export
 
 
@@ -90,21 +90,13 @@ def test_the_harness_scores_the_export_as_the_run(run_and_export):
     assert scores[0] == scores[1]
 
 
-def test_a_run_starts_from_the_export(run_and_export, tmp_path):
+def test_a_run_starts_from_the_export(run_and_export, train_run):
     _, export = run_and_export
     # a learning rate of 1e-30 and no balancer leave every non-zero weight bit-identical: what the run holds
     # after its one step is what it loaded
-    result = run_train(
-        *K3,
-        "trainer.max_steps=1",
-        f"init_from={export}",
-        "optimizer.lr=1e-30",
-        "balancer=none",
-        f"output_root={tmp_path}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = train_run(*K3, "trainer.max_steps=1", f"init_from={export}", "optimizer.lr=1e-30", "balancer=none")
     assert f"initial weights from {export}" in result.stdout
-    _, started = load_run(str(only_run_dir(tmp_path)))
+    _, started = load_run(str(result.run_dir))
     _, source = load_run(str(export))
     for (key, a), b in zip(started.state_dict().items(), source.state_dict().values()):
         assert torch.allclose(a, b, rtol=0, atol=1e-20), key

@@ -16,6 +16,7 @@ from tests.helpers import compose_root, run_train
 
 
 def test_k3_full_is_refused_before_any_output(tmp_path):
+    # train.py in a process of its own: exit status 2 and one line on stderr are the contract here
     result = run_train("experiment=k3_full", f"output_root={tmp_path}", timeout=120)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

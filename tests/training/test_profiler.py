@@ -8,18 +8,17 @@ import json
 import pytest
 
 from components.registry import ConfigError
-from runtime.launch import config_fingerprint
 from runtime.profiling import build_profiler, report_name
-from tests.helpers import compose_root, run_train
-from tests.training.test_train import FAST, only_run_dir
+from runtime.run_folder import config_fingerprint
+from runtime.train_command import EXIT_CONFIG_ERROR, main
+from tests.helpers import FAST, compose_root
 
 PROFILED = [*FAST, "trainer.val_check_interval=1000", "logger=csv"]
 
 
-def test_simple_profiler_writes_its_report_into_the_run_folder(tmp_path):
-    result = run_train(*PROFILED, "trainer.max_steps=3", "trainer.profiler=simple", f"output_root={tmp_path}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    folder = only_run_dir(tmp_path) / "profiler"
+def test_simple_profiler_writes_its_report_into_the_run_folder(train_run):
+    result = train_run(*PROFILED, "trainer.max_steps=3", "trainer.profiler=simple")
+    folder = result.run_dir / "profiler"
     report = folder / "fit-report.txt"
     assert report.is_file() and report.stat().st_size > 0, sorted(folder.iterdir())
     text = report.read_text()
@@ -27,10 +26,9 @@ def test_simple_profiler_writes_its_report_into_the_run_folder(tmp_path):
     assert (folder / "validate-report.txt").stat().st_size > 0  # the final validation
 
 
-def test_pytorch_profiler_writes_a_chrome_trace_into_the_run_folder(tmp_path):
-    result = run_train(*PROFILED, "trainer.max_steps=6", "trainer.profiler=pytorch", f"output_root={tmp_path}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    folder = only_run_dir(tmp_path) / "profiler"
+def test_pytorch_profiler_writes_a_chrome_trace_into_the_run_folder(train_run):
+    result = train_run(*PROFILED, "trainer.max_steps=6", "trainer.profiler=pytorch")
+    folder = result.run_dir / "profiler"
     traces = sorted(folder.glob("fit-*training_step*.pt.trace.json"))
     assert len(traces) == 1, sorted(folder.iterdir())  # one recorded window of training steps
     trace = json.loads(traces[0].read_text())
@@ -48,10 +46,10 @@ def test_unknown_profiler_is_refused_naming_the_key(value):
         assert choice in message, message
 
 
-def test_unknown_profiler_stops_train_py_before_any_folder(tmp_path):
-    result = run_train("model=tiny", "trainer.profiler=nvtx", f"output_root={tmp_path}", timeout=120)
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "trainer.profiler" in result.stderr and "pytorch" in result.stderr
+def test_unknown_profiler_stops_train_py_before_any_folder(tmp_path, capsys):
+    assert main(["model=tiny", "trainer.profiler=nvtx", f"output_root={tmp_path}"]) == EXIT_CONFIG_ERROR
+    stderr = capsys.readouterr().err
+    assert "trainer.profiler" in stderr and "pytorch" in stderr
     assert not any(tmp_path.iterdir())
 
 
