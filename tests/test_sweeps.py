@@ -58,20 +58,22 @@ def test_every_point_of_every_study_trains(tmp_path, study, monkeypatch):
 
 
 def test_every_job_of_every_study_composes_and_validates(tmp_path):
-    from runtime.launch import expand_sweep, validate_overrides
+    from runtime.compose import compose_root
+    from runtime.multirun import expand_sweep
 
     for study in STUDIES:
         for point, argv in commands(study, load_study(study), [], True, tmp_path):
             overrides = [a for a in argv if a != "-m" and not a.startswith("hydra") and not a.startswith("hydra/")]
             for job in expand_sweep(overrides):
-                validate_overrides(job)  # raises ConfigError naming the key
+                compose_root(job)  # raises ConfigError naming the key
 
 
 def test_every_study_compares_its_points_at_equal_tokens_with_warmup_inside_the_budget(tmp_path):
     """Default scale: every job of a study trains the same number of tokens (a step budget, the time
     limit only a guard; studies that compare at equal time size each point's budget instead), and the
     learning-rate warmup ends well before the budget does."""
-    from runtime.launch import compose, expand_sweep
+    from runtime.compose import compose
+    from runtime.multirun import expand_sweep
 
     for study in STUDIES:
         spec = load_study(study)
@@ -140,7 +142,7 @@ def test_a_study_goes_to_slurm_with_the_launcher_override(tmp_path):
     with the submitit launcher shaped by the trainer preset (nothing is submitted here)."""
     from omegaconf import OmegaConf
 
-    from runtime.launch import compose
+    from runtime.compose import compose
 
     for point, argv in commands(
         "balancer",
