@@ -279,3 +279,17 @@ def test_expert_parallel_shrinks_the_gathered_unit_the_check_counts(monkeypatch)
     memory_check.check_fits(compose_root(*common, "trainer.precision=32-true", "trainer.expert_parallel=2"))
     with pytest.raises(memory_check.ConfigError, match=r"\(expert_parallel 1\)"):
         memory_check.check_fits(compose_root(*common, "trainer.precision=32-true"))
+
+
+def test_bf16_mixed_gathers_units_at_half_the_bytes(monkeypatch):
+    """FSDP2's mixed-precision policy gathers bf16 parameters: the check counts the gathered unit at 2 bytes
+    a number under bf16-mixed (shards stay fp32), so a GPU between the two floors takes bf16 and not fp32."""
+    common = ("model=tiny", "trainer.accelerator=gpu", "trainer.devices=2", "trainer.strategy=fsdp2")
+    _as_rank(monkeypatch, 0)
+    inv = accounting.inventory_for(compose_root(*common))
+    bf16, fp32 = (accounting.floor_bytes(inv, 2, 1, p) for p in ("bf16-mixed", "32-true"))
+    assert bf16["state"] == fp32["state"] and 2 * bf16["largest_unit"] == fp32["largest_unit"] > 0
+    FakeCuda(monkeypatch, count=2, total=bf16["total"])
+    memory_check.check_fits(compose_root(*common, "trainer.precision=bf16-mixed"))
+    with pytest.raises(memory_check.ConfigError, match="largest unit"):
+        memory_check.check_fits(compose_root(*common, "trainer.precision=32-true"))
