@@ -5,6 +5,10 @@ test harness, not an option).
   two meshes of an expert-parallel run (``torch.nn.utils.get_total_norm`` refuses them).
 * ``SaveRouterBiases`` (``+callbacks.biases={_target_:tests.distributed.sharded_train.SaveRouterBiases,
   path:FILE}``) writes every router's selection bias at the end of training, from rank 0.
+* ``ExpertGradNorm`` (``+callbacks.expert_grad_norm={_target_:tests.distributed.sharded_train.ExpertGradNorm}``)
+  logs ``train/expert_grad_norm``, the norm of the routed experts' gradients alone: Muon and AdamW updates do
+  not change when a gradient is scaled, so a wrong scale of the expert gradients shows in their norm (and in
+  clipping) before it shows in a loss.
 * ``PLANTED_DEFECT=NAME`` plants one expert-parallel defect, so a test can show its comparison catches it
   (the ranks Lightning spawns inherit the environment and re-run this module):
 
@@ -36,6 +40,17 @@ class SaveRouterBiases(L.Callback):
         if trainer.global_rank == 0:
             biases = [r.e_score_correction_bias.detach().cpu().clone() for r in find_routers(pl_module.model)]
             torch.save(biases, self.path)
+
+
+class ExpertGradNorm(L.Callback):
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        from components.ffn.expert_parallel import EXPERT_WEIGHTS, routed_experts
+        from runtime.grad_norm import total_grad_norm
+
+        params = [getattr(e, n) for e in routed_experts(pl_module.model) for n in EXPERT_WEIGHTS]
+        norm = total_grad_norm(params)
+        if norm is not None:
+            pl_module.log("train/expert_grad_norm", norm, on_step=True, on_epoch=False)
 
 
 def _plant(defect: str) -> None:

@@ -3,11 +3,17 @@
 Runs of 20 steps, all through ``tests.distributed.sharded_train`` (train.py with the gradient norm of
 runtime/grad_norm.py, and the routers' final biases written out): one process; DDP on 4 ranks, whose distance
 from one process is the floor (the rounding of splitting the batch four ways and adding partial gradients);
-FSDP2 with expert parallelism at (devices, expert_parallel) = (4, 2), (2, 2) and (4, 4). Each must sit
-within the floor in its losses, MTP loss, gradient norm, MaxVio and final QB biases; each planted defect
-(FSDP's default division of the expert gradients, router statistics summed over the expert-parallel group
-only) must leave it. Gradient clipping is off: Lightning's clipping of sharded gradients cannot take two
-meshes (runtime/grad_norm.py clips them, where the training step calls it).
+FSDP2 with expert parallelism at (devices, expert_parallel) = (4, 2), (2, 2) and (4, 4). Each must stay
+within three times the floor (plus 1e-6) in its losses, MTP loss, gradient norms, MaxVio and final QB
+biases; each planted defect (FSDP's default division of the expert gradients, router statistics summed over
+the expert-parallel group only) must leave it. Measured (largest over 20 steps; relative for losses and
+norms, absolute for MaxVio and biases): floor loss 4.2e-6, grad norm 1.0e-4, expert grad norm (5 steps)
+6.3e-5, MaxVio mean 0.023, biases 1.1e-3; (4, 2) 8.4e-6, 1.4e-4, 5.5e-5, 0.008, 1.0e-3; (2, 2) 7.7e-6,
+2.0e-4, 2.7e-5, 0.035, 1.1e-3; (4, 4) 7.8e-6, 1.4e-4, 8.0e-6, 0.012, 1.1e-3. FSDP's default division: the
+expert grad norm off by 0.5 (the losses do not move: Muon and AdamW updates ignore a gradient's scale).
+Statistics over the expert-parallel group only: MaxVio mean off by 0.41, biases by 0.020, loss by 3.1e-5.
+Gradient clipping is off: Lightning's clipping of sharded gradients cannot take two meshes
+(runtime/grad_norm.py clips them, where the training step calls it).
 """
 
 from __future__ import annotations
@@ -39,7 +45,14 @@ K3_TINY = [
     "trainer.log_every_n_steps=1",
     "logger=csv",
 ]
-COMPARED = ("train/loss", "train/mtp_loss", "train/grad_norm", "balance/maxvio/mean", "balance/maxvio/max")
+RELATIVE = ("train/loss", "train/mtp_loss", "train/grad_norm", "train/expert_grad_norm")
+ABSOLUTE = ("balance/maxvio/mean", "balance/maxvio/max")  # near zero once balanced: compared absolutely
+COMPARED = RELATIVE + ABSOLUTE
+# compared over the first steps only: the runs agree there to rounding (measured: 1e-7 relative over 3 steps),
+# while later a token whose two best scores tie to the last bit, routed differently, moves the small expert
+# gradients by up to 1% (measured, 20 steps, both under DDP and expert parallelism); a wrong scale of the
+# expert gradients shows from the first step
+EARLY_STEPS = {"train/expert_grad_norm": 5}
 MESHES = {"ep4x2": (4, 2), "ep2x2": (2, 2), "ep4x4": (4, 4)}
 
 
@@ -51,7 +64,9 @@ def _run_all(tmp_path: Path, runs: dict[str, tuple[list[str], str]]) -> dict[str
     procs = {}
     for name, (overrides, defect) in runs.items():
         out = tmp_path / name
-        biases = f"+callbacks.biases={{_target_:tests.distributed.sharded_train.SaveRouterBiases,path:{out}.biases}}"
+        harness = "tests.distributed.sharded_train"
+        biases = f"+callbacks.biases={{_target_:{harness}.SaveRouterBiases,path:{out}.biases}}"
+        expert_norm = f"+callbacks.expert_grad_norm={{_target_:{harness}.ExpertGradNorm}}"
         procs[name] = start_python(
             "-m",
             "tests.distributed.sharded_train",
@@ -59,6 +74,7 @@ def _run_all(tmp_path: Path, runs: dict[str, tuple[list[str], str]]) -> dict[str
             *overrides,
             f"output_root={out}",
             biases,
+            expert_norm,
             env={"OMP_NUM_THREADS": "1", "PLANTED_DEFECT": defect},
         )
     results = {}
@@ -74,11 +90,13 @@ def _run_all(tmp_path: Path, runs: dict[str, tuple[list[str], str]]) -> dict[str
 
 
 def _gaps(a: dict, b: dict) -> dict[str, float]:
-    """Largest relative difference per compared series, and the largest bias difference."""
+    """Largest difference per compared series (relative for losses and norms), and the largest bias difference."""
     gaps = {}
     for key in COMPARED:
-        assert len(a[key]) == 20 and sorted(a[key]) == sorted(b[key]), key
-        gaps[key] = max(abs(a[key][s] - b[key][s]) / abs(a[key][s]) for s in a[key])
+        assert len(a[key]) >= 19 and sorted(a[key]) == sorted(b[key]), key  # every step (the norms: but the last)
+        steps = sorted(a[key])[: EARLY_STEPS.get(key)]
+        scale = {s: abs(a[key][s]) if key in RELATIVE else 1.0 for s in steps}
+        gaps[key] = max(abs(a[key][s] - b[key][s]) / scale[s] for s in steps)
     gaps["biases"] = max(float((x - y).abs().max()) for x, y in zip(a["biases"], b["biases"]))
     return gaps
 
@@ -100,7 +118,9 @@ def test_expert_parallel_trains_like_one_process_and_planted_defects_are_caught(
         gap = _gaps(one, results[name])
         print(name, gap)
         assert all(_within(gap, floor).values()), (name, gap, floor)
+    caught = {}
     for defect in DEFECTS:
         gap = _gaps(one, results[defect])
         print(defect, gap)
-        assert not all(_within(gap, floor).values()), (defect, gap, floor)
+        caught[defect] = [key for key, ok in _within(gap, floor).items() if not ok]
+    assert all(caught.values()), caught
