@@ -34,6 +34,8 @@ def total_grad_norm(params: Iterable[torch.Tensor]) -> Optional[torch.Tensor]:
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
+    if not any(isinstance(g, DTensor) for g in grads):  # one process, or DDP: torch's own norm, as always
+        return torch.nn.utils.get_total_norm(grads, norm_type=2.0).float()
     plain = torch.zeros((), dtype=torch.float32, device=grads[0].device)
     sharded: dict[tuple[int, tuple[int, ...]], tuple[Any, tuple[int, ...], torch.Tensor]] = {}
     for g in grads:

@@ -28,20 +28,17 @@ from components.registry import BALANCERS, OPTIMIZERS
 from runtime.compile import compile_mode, compiled_hidden
 from runtime.config import RootConfig, to_container
 from runtime.data_parallel_loss import global_token_mean
+from runtime.grad_norm import clip_grads_with_norm_, total_grad_norm
 
 
 class NonFiniteTrainingError(RuntimeError):
     """A NaN or infinite loss or gradient ended the run (``trainer.on_nonfinite=stop``)."""
 
 
-def total_grad_norm(params: Any) -> Optional[torch.Tensor]:
-    """L2 norm of all gradients (sharded gradients included), as a plain fp32 scalar tensor."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return None
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    full = getattr(norm, "full_tensor", None)  # a DTensor under FSDP2
-    return (full() if full is not None else norm).float()
+def _loss_scale(trainer: Any) -> float:
+    """The fp16 loss scale the precision plugin multiplies the loss by (1.0 without a scaler)."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
 
 
 class LanguageModelModule(L.LightningModule):
@@ -58,7 +55,6 @@ class LanguageModelModule(L.LightningModule):
         self._step_loss_finite: Optional[torch.Tensor] = None  # all micro-batch losses of this step finite
         self.skipped_in_a_row = 0
         self.skipped_steps = 0
-        self._grad_norm: Optional[torch.Tensor] = None  # this step's, between the two hooks
 
     def configure_model(self) -> None:
         """FSDP2 (``trainer.strategy=fsdp2``): shard each decoder layer, then the rest, over the
@@ -130,11 +126,42 @@ class LanguageModelModule(L.LightningModule):
         self.log("train/mtp_loss", torch.stack(losses).mean(), on_step=True, on_epoch=False)
         return self.cfg.model.mtp_weight * torch.stack(terms).mean()
 
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # norm before clipping (Lightning clips right after this hook)
-        grad_norm = total_grad_norm(self.parameters())
-        self._grad_norm = grad_norm  # clipping (next) reuses it instead of another pass over the gradients
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """One optimizer step, in this order. Lightning calls it once per step, after the step's earlier
+        micro-batches have run ``training_step`` and their backward (gradients accumulate):
+
+        1. ``optimizer_closure``: ``training_step`` and the backward of the step's last micro-batch;
+        2. the gradient norm over every parameter, sharded ones on any mesh included (runtime/grad_norm.py);
+        3. the non-finite guard: stop naming the step, or skip the update (``trainer.on_nonfinite``);
+        4. clipping to ``trainer.gradient_clip_val`` with the norm of 2;
+        5. the optimizer's update (Lightning's precision plugin around it: autocast, a loss scaler);
+        6. the balancer's once-per-step bias update from the step's router statistics, before any callback
+           (a checkpoint of this step must hold the bias the next step routes with).
+
+        Steps 2-4 run inside the closure, so they see the gradients exactly as the update will; the
+        learning-rate schedule steps after this method, as Lightning does for every step.
+        """
+        skipped_before = self.skipped_steps
+
+        def backward_then_prepare_update() -> Any:
+            loss = optimizer_closure()  # 1
+            self._prepare_update(optimizer)  # 2-4
+            return loss
+
+        optimizer.step(closure=backward_then_prepare_update)  # 5
+        self._update_balancer(skipped=self.skipped_steps > skipped_before)  # 6
+
+    def _prepare_update(self, optimizer: torch.optim.Optimizer) -> None:
+        """Steps 2-4 of ``optimizer_step``: the gradient norm, the non-finite guard, clipping; logged."""
+        params = [p for p in self.parameters() if p.grad is not None]
+        grad_norm = total_grad_norm(params)
+        scale = _loss_scale(self.trainer)
+        if grad_norm is not None and scale != 1.0:  # fp16 loss scaling: the gradients are still scaled
+            grad_norm = grad_norm / scale  # a power of two: exact
         self._guard_nonfinite(grad_norm)
+        clip = self.cfg.trainer.gradient_clip_val
+        if clip and grad_norm is not None:  # a skipped step has no gradients left to clip
+            clip_grads_with_norm_(params, clip, grad_norm)
         if grad_norm is not None:
             self.log("train/grad_norm", grad_norm, on_step=True, on_epoch=False)
         self.log("train/lr", optimizer.param_groups[0]["lr"], on_step=True, on_epoch=False)
@@ -173,12 +200,10 @@ class LanguageModelModule(L.LightningModule):
             f"raise optimizer.warmup_steps, or set trainer.on_nonfinite=skip"
         )
 
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
-        """The update, then the balancers' once-per-step bias update, before any callback (a checkpoint
-        of this step must hold the bias the next step routes with)."""
-        skipped_before = self.skipped_steps
-        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        if self.skipped_steps > skipped_before:  # non-finite step: drop its router statistics, keep the bias
+    def _update_balancer(self, skipped: bool) -> None:
+        """Step 6 of ``optimizer_step``: the balancer's bias update from this step's router statistics (a
+        skipped, non-finite step drops its statistics and keeps the bias)."""
+        if skipped:
             for router in find_routers(self.model):
                 router.reset_stats()
             return
@@ -251,19 +276,3 @@ class LanguageModelModule(L.LightningModule):
         warmup, total = self.cfg.optimizer.warmup_steps, self.cfg.trainer.max_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule.multiplier(step, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def configure_gradient_clipping(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: Optional[float] = None,
-        gradient_clip_algorithm: Optional[str] = None,
-    ) -> None:
-        norm, self._grad_norm = self._grad_norm, None
-        if not gradient_clip_val:
-            return
-        if norm is None or self.cfg.trainer.strategy == "fsdp2":  # sharded gradients: Lightning's own path
-            self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm="norm")
-            return
-        torch.nn.utils.clip_grads_with_norm_(
-            [p for p in self.parameters() if p.grad is not None], gradient_clip_val, norm
-        )

@@ -17,6 +17,7 @@ import logging
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import lightning as L
@@ -102,7 +103,7 @@ def build_trainer(root: RootConfig, run_dir: str, callbacks: list, loggers: list
         max_steps=t.max_steps,
         max_epochs=-1,
         accumulate_grad_batches=t.accumulate_grad_batches,
-        gradient_clip_val=t.gradient_clip_val,
+        gradient_clip_val=None,  # the training module clips, with the norm it logs (lit_module.optimizer_step)
         val_check_interval=t.val_check_interval * t.accumulate_grad_batches,
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
@@ -139,7 +140,43 @@ def _keep_console_to_progress_and_summary() -> None:
     warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")  # resuming
 
 
+@dataclass
+class BuiltRun:
+    """Everything one run is made of, built and ready to fit (``build``)."""
+
+    root: RootConfig
+    run_dir: str
+    module: LanguageModelModule
+    data: TokenDataModule
+    trainer: L.Trainer
+    throughput: Throughput
+    wandb_logger: Any  # the W&B logger, or None with logger=csv
+    run_info: dict[str, Any]  # run.json: the W&B run id and the run's status
+    run_name: str
+    ckpt: Optional[str]  # the checkpoint the run resumes or branches from
+
+
 def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]) -> dict[str, Any]:
+    run = build(root, run_dir, extra_config)
+    started = time.perf_counter()
+    status = "failed"
+    try:
+        fit(run)
+        status = "finished"
+        summary = summary_record(run, time.perf_counter() - started)
+        if run.wandb_logger is not None and run.trainer.is_global_zero:
+            run.wandb_logger.finish_summary(summary)  # the whole record: what analysis.compare reads from W&B
+    finally:
+        close(run, status)
+    if run.trainer.is_global_zero:
+        _write_json(os.path.join(run_dir, "summary.json"), summary)
+        print(format_summary(summary))
+    return summary
+
+
+def build(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]] = None) -> BuiltRun:
+    """Seed, resolve where the run starts (a fresh start, a resume, a branch), build the data, the training
+    module, the loggers and the trainer; print what the run is and mark it running in run.json."""
     L.seed_everything(root.seed, workers=True, verbose=False)
     if root.trainer.accelerator == "cpu":
         keep_freed_memory()  # reuse step buffers instead of page-faulting them in again every step
@@ -158,8 +195,7 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     if init_weights:
         import_weights(init_weights, model)  # checked against the composed model when the config was validated
     data = TokenDataModule(dataset, root.trainer.accumulate_grad_batches, root.trainer.limit_val_batches)
-    seq_len = dataset.seq_len
-    throughput = Throughput(model.flops_per_token(seq_len), dataset.batch_size * seq_len)
+    throughput = Throughput(model.flops_per_token(dataset.seq_len), dataset.batch_size * dataset.seq_len)
 
     run_name = root.name or default_run_name(root)
     run_info = _read_json(os.path.join(run_dir, "run.json"))
@@ -190,58 +226,59 @@ def _train(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]
     run_info.update(status="running", name=run_name)
     if trainer.is_global_zero:
         _write_json(os.path.join(run_dir, "run.json"), run_info)
+    return BuiltRun(root, run_dir, module, data, trainer, throughput, wandb_logger, run_info, run_name, ckpt)
 
-    started = time.perf_counter()
-    status = "failed"
-    summary: dict[str, Any] = {}
-    try:
-        trainer.fit(module, datamodule=data, ckpt_path=ckpt)
-        trainer.validate(module, datamodule=data, verbose=False)  # final metrics after the last step
-        status = "finished"
-        # the run's tokens from step 0: a resumed or branched run's earlier steps (before this process) too
-        trained_tokens = data.start_batch * throughput.tokens_per_micro_batch + throughput.total_tokens
-        summary = {
-            "name": run_name,
-            "run_dir": run_dir,
-            "steps": trainer.global_step,
-            "planned_steps": root.trainer.max_steps,
-            # budget: every planned step; time_guard: the guard ended it early; stopped: ended early otherwise
-            "ended_by": ended_by(trainer, root.trainer.max_steps),
-            "time_guard_minutes": time_guard_minutes(root),
-            "train_tokens": trained_tokens,
-            "train_seconds": round(throughput.train_seconds, 2),
-            "tokens_per_s": throughput.total_tokens / max(throughput.train_seconds, 1e-9),
-            "wall_seconds": round(time.perf_counter() - started, 2),
-            "params": model.num_params(),
-            "active_params": model.active_params(),
-            "d_model": root.model.d_model,
-            "precision": root.trainer.precision,  # what trainer.precision=auto chose on this machine
-            "decode_state_numbers": model.decode_state_numbers(),  # analysis.compare's state-size axis
-            # parameters by kind, training tokens and FLOPs by part (components/flop_count.py): a scaling fit's x
-            "compute": compute_record(model, seq_len, trained_tokens),
-            "val": dict(module.last_val_metrics),
-            "metric": dataset.metrics.record(),  # which of them is primary, and whether higher is better
-            "baselines": dataset.baselines(),
-        }
-        if wandb_logger is not None and trainer.is_global_zero:
-            wandb_logger.finish_summary(summary)  # the whole record: what analysis.compare reads from W&B
-    finally:
-        if trainer.is_global_zero:
-            run_info["status"] = status
-            try:
-                _write_json(os.path.join(run_dir, "run.json"), run_info)
-            except OSError as err:  # a full disk: the failure that stopped the run is the one to report
-                print(f"warning: run.json not updated ({err.strerror or err})")
-        if wandb_logger is not None:
-            try:
-                wandb.finish(exit_code=0 if status == "finished" else 1)
-            except Exception as err:  # a W&B failure never turns a finished run into a failed one
-                print(f"warning: W&B could not finish the run cleanly ({type(err).__name__}: {err})")
 
-    if trainer.is_global_zero:
-        _write_json(os.path.join(run_dir, "summary.json"), summary)
-        print(format_summary(summary))
-    return summary
+def fit(run: BuiltRun) -> None:
+    """Train to the planned step (or the time guard), then validate once more: the final metrics."""
+    run.trainer.fit(run.module, datamodule=run.data, ckpt_path=run.ckpt)
+    run.trainer.validate(run.module, datamodule=run.data, verbose=False)
+
+
+def summary_record(run: BuiltRun, wall_seconds: float) -> dict[str, Any]:
+    """The finished run's summary.json record."""
+    trainer, throughput, model, root = run.trainer, run.throughput, run.module.model, run.root
+    dataset = run.module.dataset
+    # the run's tokens from step 0: a resumed or branched run's earlier steps (before this process) too
+    trained_tokens = run.data.start_batch * throughput.tokens_per_micro_batch + throughput.total_tokens
+    return {
+        "name": run.run_name,
+        "run_dir": run.run_dir,
+        "steps": trainer.global_step,
+        "planned_steps": root.trainer.max_steps,
+        # budget: every planned step; time_guard: the guard ended it early; stopped: ended early otherwise
+        "ended_by": ended_by(trainer, root.trainer.max_steps),
+        "time_guard_minutes": time_guard_minutes(root),
+        "train_tokens": trained_tokens,
+        "train_seconds": round(throughput.train_seconds, 2),
+        "tokens_per_s": throughput.total_tokens / max(throughput.train_seconds, 1e-9),
+        "wall_seconds": round(wall_seconds, 2),
+        "params": model.num_params(),
+        "active_params": model.active_params(),
+        "d_model": root.model.d_model,
+        "precision": root.trainer.precision,  # what trainer.precision=auto chose on this machine
+        "decode_state_numbers": model.decode_state_numbers(),  # analysis.compare's state-size axis
+        # parameters by kind, training tokens and FLOPs by part (components/flop_count.py): a scaling fit's x
+        "compute": compute_record(model, dataset.seq_len, trained_tokens),
+        "val": dict(run.module.last_val_metrics),
+        "metric": dataset.metrics.record(),  # which of them is primary, and whether higher is better
+        "baselines": dataset.baselines(),
+    }
+
+
+def close(run: BuiltRun, status: str) -> None:
+    """Record how the run ended in run.json and close its W&B run, whether it finished or failed."""
+    if run.trainer.is_global_zero:
+        run.run_info["status"] = status
+        try:
+            _write_json(os.path.join(run.run_dir, "run.json"), run.run_info)
+        except OSError as err:  # a full disk: the failure that stopped the run is the one to report
+            print(f"warning: run.json not updated ({err.strerror or err})")
+    if run.wandb_logger is not None:
+        try:
+            wandb.finish(exit_code=0 if status == "finished" else 1)
+        except Exception as err:  # a W&B failure never turns a finished run into a failed one
+            print(f"warning: W&B could not finish the run cleanly ({type(err).__name__}: {err})")
 
 
 def ended_by(trainer: Any, planned_steps: Optional[int]) -> str:
