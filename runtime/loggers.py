@@ -102,7 +102,8 @@ def build_loggers(
     earlier = jsonl.ledger.earlier
 
     def make(offline: bool) -> Any:
-        extra = {"mode": "offline"} if offline else {}
+        # explicit: otherwise the settings an earlier W&B run of this process left would decide
+        extra = {"mode": "offline" if offline else "online"}
         return SafeWandbLogger(
             offline=offline,
             settings=_wandb_settings(lc.init_timeout_s),
