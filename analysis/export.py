@@ -100,7 +100,7 @@ def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: flo
 
 
 def check_only(folder: str, overrides: list[str]) -> int:
-    from components.hf.checkpoint import WeightsMismatch, check_weights
+    from components.hf.weights_folder import WeightsMismatch, check_weights
     from components.model import Decoder
     from runtime.compose import compose_root
 

@@ -20,7 +20,7 @@ import time
 import torch
 
 from components.data.text.tokenizers import TextTokenizer
-from components.generate import generate
+from components.sampling import generate
 from runtime.cli import finite_float, int_at_least, reports_errors, torch_device, utf8_text
 from runtime.load_run import RunLoadError, load_run, load_tokenizer
 

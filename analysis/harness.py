@@ -29,7 +29,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
 from analysis.loglikelihood import continuation_logprobs, rolling_logprob
-from components.generate import generate
+from components.sampling import generate
 from runtime.load_run import load_run, load_tokenizer
 
 MODEL_NAME = "k3"

@@ -18,8 +18,8 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import nn
 
-from components.cache import DecoderCache
 from components.config import DecoderConfig
+from components.decode_cache import DecoderCache
 from components.ffn.base import FFN
 from components.flop_count import training_flops_per_token
 from components.layer_plan import LayerSpec

@@ -20,7 +20,7 @@ import torch
 from omegaconf.errors import OmegaConfBaseException
 
 from components.config import ModelConfig
-from components.config_container import typed
+from components.config_from_dict import typed
 from components.data.base import NoTextTokenizer
 from components.data.text.tokenizers import (
     TOKENIZER_FILE,
@@ -29,10 +29,10 @@ from components.data.text.tokenizers import (
     load_prepared_tokenizer,
     load_tokenizer_file,
 )
-from components.hf.checkpoint import WeightsMismatch, import_weights, is_checkpoint_folder
 from components.hf.config_json import SANDBOX_KEY, TOKENIZER_KEY, read_config
 from components.hf.foreign_config import ForeignConfigError, composition_overrides
 from components.hf.safetensors_files import CheckpointError
+from components.hf.weights_folder import WeightsMismatch, import_weights, is_checkpoint_folder
 from components.model import Decoder
 from runtime.checkpoints import layout
 from runtime.checkpoints.layout import CONFIG_KEY, MODULE_PREFIX, NoReadableCheckpoint

@@ -26,10 +26,10 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from components.flop_count import compute_record
-from components.hf.checkpoint import import_weights
+from components.hf.weights_folder import import_weights
 from components.layer_plan import describe_plan
 from components.registry import DATASETS
-from runtime.callbacks.depth_weights import DepthWeights
+from runtime.callbacks.depth_weight_recorder import DepthWeights
 from runtime.callbacks.progress import StepProgressBar
 from runtime.callbacks.throughput import Throughput
 from runtime.callbacks.time_guard import TimeGuard

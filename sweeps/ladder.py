@@ -323,7 +323,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--rate-sensitivity",
         action="store_true",
         help="a learning-rate sensitivity study instead: both arms at one rung over a wide sweep of rates (the "
-        "preset's sensitivity: section), the width of each arm's stable basin (analysis.rate_sensitivity)",
+        "preset's sensitivity: section), the width of each arm's stable basin (analysis.rate_sensitivity_report)",
     )
     args, extra = p.parse_known_args(argv)
     try:

@@ -7,7 +7,7 @@ The preset's ``sensitivity:`` section: ``rung`` (default the ladder's second), `
 Each run follows the ladder's rung rule (batch, warmup, run seeds: ``sweeps/ladder_plan.py``) at that
 budget, at rate ``lr.base x factor``. A run that fails (a rate that diverges) is a diverged point, not
 an error. The folder ``<output-root>/ladders/<DECISION>-<PRESET>-sensitivity/`` gets
-``sensitivity.csv``, the curves, and ``python -m analysis.rate_sensitivity``'s report.
+``sensitivity.csv``, the curves, and ``python -m analysis.rate_sensitivity_report``'s report.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def run_sensitivity(
         writer.writerows(rows(decision, runs, summaries))
     print(f"sensitivity table: {table}\ncurves: {keep_curves(folder, runs, summaries)} runs")
     if report:
-        cmd = [sys.executable, "-m", "analysis.rate_sensitivity", str(table)]
+        cmd = [sys.executable, "-m", "analysis.rate_sensitivity_report", str(table)]
         tolerance = study.sensitivity.get("tolerance")
         cmd += ["--tolerance", str(tolerance)] if tolerance is not None else []
         if subprocess.run(cmd, cwd=REPO).returncode != 0:

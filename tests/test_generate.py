@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.generate import generate
 from components.registry import MIXERS
+from components.sampling import generate
 from tests.helpers import build_model
 
 

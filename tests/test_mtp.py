@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components.generate import generate
 from components.model import Decoder
-from tests.helpers import compose_root, run_train, tiny_model
+from components.sampling import generate
+from tests.helpers import compose_root, tiny_model
 
 
 def _by_hand(model: Decoder, x: torch.Tensor, y: torch.Tensor) -> list[float]:
@@ -101,8 +101,8 @@ def test_mtp_options_are_checked():
         compose_root("model.mtp_weight=-0.5")
 
 
-def test_training_logs_the_mtp_loss_per_depth(tmp_path):
-    result = run_train(
+def test_training_logs_the_mtp_loss_per_depth(train_run):
+    result = train_run(
         "model=tiny",
         "data=corpus",
         "model.mtp_depth=2",
@@ -115,10 +115,8 @@ def test_training_logs_the_mtp_loss_per_depth(tmp_path):
         "trainer.compile=false",
         "trainer.max_time_minutes=null",
         "logger=csv",
-        f"output_root={tmp_path}",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    run_dir = result.run_dir
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in rows if "train/mtp_loss" in r]
     assert len(logged) == 3 and all({"train/mtp_loss_1", "train/mtp_loss_2"} <= set(r) for r in logged)

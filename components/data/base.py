@@ -34,7 +34,8 @@ class NoValidationStream(ValueError):
 def batch_generator(seed: int, index: int, stream: int = 0) -> torch.Generator:
     """A generator seeded by (seed, batch index, stream): independent of every other batch."""
     g = torch.Generator()
-    g.manual_seed((seed * 1_000_003 + stream) * 1_000_000_007 + index)
+    # within the seed range torch takes (a seed of about 9,200 and more would overflow it); smaller values unchanged
+    g.manual_seed(((seed * 1_000_003 + stream) * 1_000_000_007 + index) % 2**63)
     return g
 
 

@@ -1,6 +1,6 @@
 """A composed model written as a Hugging Face model folder that the ecosystem opens.
 
-``write_model_folder`` writes the weights (``components/hf/checkpoint.py``), a ``config.json`` in the
+``write_model_folder`` writes the weights (``components/hf/weights_folder.py``), a ``config.json`` in the
 schema of the class the model is labelled with (``components/hf/native.py``), the tokenizer files and
 ``generation_config.json`` (``components/hf/tokenizer_files.py``), and for the project's own classes the
 ``modeling_k3_sandbox.py`` their ``auto_map`` names. What each kind of model loads as:
@@ -26,12 +26,12 @@ import torch
 
 from components.data.text.tokenizers import TextTokenizer
 from components.hf import native
-from components.hf.checkpoint import export_weights
 from components.hf.config_json import SANDBOX_KEY, TOKENIZER_KEY, checkpoint_config, write_config
 from components.hf.key_map import TEXT_PREFIX
 from components.hf.modeling_file import AUTO_MAP, write_modeling_file
 from components.hf.mxfp4 import GROUP
 from components.hf.tokenizer_files import special_token_ids, write_generation_config, write_tokenizer_files
+from components.hf.weights_folder import export_weights
 from components.model import Decoder
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}

@@ -8,7 +8,7 @@ Without importing the project first, ``trust_remote_code=True`` reaches the same
 ``auto_map`` of the folder's config.json, whose ``modeling_k3_sandbox.py`` imports this module from the
 installed project (``pip install 'k3-sandbox[hf]'``). There is no second implementation: the model is
 ``components.model.Decoder``, built from the run config the folder carries (its ``k3_sandbox``
-section) and loaded by ``components.hf.checkpoint.import_weights`` (either key prefix, MXFP4 experts
+section) and loaded by ``components.hf.weights_folder.import_weights`` (either key prefix, MXFP4 experts
 dequantised). ``generate()`` decodes incrementally through ``SandboxCache``, a transformers ``Cache``
 holding the decoder's own per-layer states (K/V, MLA latents, KDA recurrent and convolution states).
 
@@ -38,8 +38,8 @@ from transformers import (
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from components.cache import DecoderCache
-from components.config_container import decoder_config_from_container
+from components.config_from_dict import decoder_config_from_container
+from components.decode_cache import DecoderCache
 from components.hf.config_json import SANDBOX_KEY
 from components.hf.modeling_file import KIMI_K3_MODEL_TYPE, SANDBOX_MODEL_TYPE, write_modeling_file
 from components.model import Decoder
@@ -82,7 +82,7 @@ class KimiK3SandboxConfig(PreTrainedConfig):
 
 
 class SandboxCache(Cache):
-    """The decoder's own cache (``components.cache.DecoderCache``) as a transformers ``Cache``: the
+    """The decoder's own cache (``components.decode_cache.DecoderCache``) as a transformers ``Cache``: the
     number of tokens seen, per-layer states created by each mixer on first use."""
 
     def __init__(self, decoder: Decoder):
@@ -196,7 +196,7 @@ class K3SandboxForCausalLM(PreTrainedModel, GenerationMixin):
     ) -> "K3SandboxForCausalLM":
         """The folder's model: its composed config, its weights through the project's own importer
         (``dtype``: "auto" keeps the checkpoint's, a torch dtype casts; ``device_map``: one device)."""
-        from components.hf.checkpoint import import_weights
+        from components.hf.weights_folder import import_weights
 
         folder = _local_folder(str(pretrained_model_name_or_path), revision)
         if config is None or not isinstance(config, cls.config_class):
@@ -220,7 +220,7 @@ class K3SandboxForCausalLM(PreTrainedModel, GenerationMixin):
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """The folder ``analysis.export`` would write for this model's weights (text-only prefix)."""
-        from components.hf.checkpoint import export_weights
+        from components.hf.weights_folder import export_weights
 
         os.makedirs(save_directory, exist_ok=True)
         export_weights(self.model, str(save_directory))

@@ -8,9 +8,9 @@ from typing import Optional
 
 import torch
 
-from components.hf.checkpoint import WeightsMismatch, check_weights, is_checkpoint_folder
 from components.hf.config_json import SANDBOX_KEY, read_config
 from components.hf.foreign_config import composition_overrides, merged_overrides
+from components.hf.weights_folder import WeightsMismatch, check_weights, is_checkpoint_folder
 from components.model import Decoder
 from components.registry import ConfigError
 from runtime.checkpoints import layout

@@ -18,10 +18,9 @@ pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from analysis.harness import K3HarnessModel  # noqa: E402
-from components.generate import generate  # noqa: E402
+from components.sampling import generate  # noqa: E402
 from runtime.load_run import load_run, load_tokenizer  # noqa: E402
-from tests.helpers import REPO, run_train  # noqa: E402
-from tests.training.test_train import only_run_dir  # noqa: E402
+from tests.helpers import REPO  # noqa: E402
 
 TASKS = REPO / "tests" / "harness_tasks"
 RUN = [
@@ -39,16 +38,10 @@ RUN = [
 
 # the default suite runs the byte-level model; -m slow adds the BPE one (the project's code corpus)
 @pytest.fixture(scope="module", params=["corpus", pytest.param("code", marks=pytest.mark.slow)], ids=["bytes", "bpe"])
-def trained(request, tmp_path_factory):
-    root = tmp_path_factory.mktemp(f"harness-{request.param}")
-    result = run_train(
-        *RUN,
-        f"data={request.param}",
-        *(["data.val_tokens=1024"] if request.param == "corpus" else []),
-        f"output_root={root}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return only_run_dir(root)
+def trained(request, trained_run):
+    return trained_run(
+        *RUN, f"data={request.param}", *(["data.val_tokens=1024"] if request.param == "corpus" else [])
+    ).run_dir
 
 
 @pytest.fixture(autouse=True)

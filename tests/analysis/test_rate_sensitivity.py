@@ -1,4 +1,4 @@
-"""The learning-rate sensitivity report (analysis/rate_sensitivity.py) on synthetic loss-against-rate
+"""The learning-rate sensitivity report (analysis/rate_sensitivity_report.py) on synthetic loss-against-rate
 curves whose basins are known."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from analysis.rate_sensitivity import analyse, basin, main, sensitivity
+from analysis.rate_sensitivity_report import analyse, basin, main, sensitivity
 
 RATES = [1e-3 * 2.0**e for e in range(9)]  # 8 octaves
 

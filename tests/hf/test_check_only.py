@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from analysis.export import main as export_main
-from components.hf.checkpoint import _EXPERT_WEIGHT, PACKED, SCALE, _expected
 from components.hf.key_map import MULTIMODAL_PREFIX
+from components.hf.weights_folder import _EXPERT_WEIGHT, PACKED, SCALE, _expected
 from components.model import Decoder
 from runtime.compose import compose_root
 

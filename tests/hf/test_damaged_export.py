@@ -9,10 +9,10 @@ import struct
 import pytest
 import torch
 
-from components.hf.checkpoint import export_weights
 from components.hf.config_json import checkpoint_config, write_config
 from components.hf.key_map import PREFIXES
 from components.hf.safetensors_files import INDEX, SINGLE, CheckpointError, read_header, weight_map
+from components.hf.weights_folder import export_weights
 from components.model import Decoder
 from components.registry import ConfigError
 from runtime.config import to_container

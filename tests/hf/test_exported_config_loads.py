@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from components.hf.checkpoint import export_weights
 from components.hf.config_json import SANDBOX_KEY, checkpoint_config, write_config
 from components.hf.key_map import PREFIXES
+from components.hf.weights_folder import export_weights
 from components.model import Decoder
 from runtime.config import to_container
 from runtime.load_run import config_from_container, load_run

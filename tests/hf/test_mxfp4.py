@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from components.hf import mxfp4
-from components.hf.checkpoint import export_weights, import_weights
+from components.hf.weights_folder import export_weights, import_weights
 from components.model import Decoder
 from tests.helpers import compose_root
 

@@ -18,11 +18,11 @@ import sys
 import pytest
 import torch
 
-from components.generate import generate
 from components.hf import native
 from components.hf.key_map import MULTIMODAL_PREFIX
 from components.hf.safetensors_files import read_header
 from components.registry import FFNS, MIXERS, RESIDUALS
+from components.sampling import generate
 from tests.helpers import REPO
 from tests.hf.transformers_helpers import assert_close, ids, tiny, write
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from analysis.export import export
-from components.hf.checkpoint import WeightsMismatch, check_weights, export_weights, import_weights
 from components.hf.key_map import MULTIMODAL_PREFIX, TEXT_PREFIX, UnmappedKey, checkpoint_mappings
 from components.hf.safetensors_files import read_header
+from components.hf.weights_folder import WeightsMismatch, check_weights, export_weights, import_weights
 from components.model import Decoder
 from components.registry import FFNS, MIXERS, RESIDUALS
 from components.residual.base import CheckpointName

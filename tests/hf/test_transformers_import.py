@@ -10,14 +10,13 @@ import json
 import pytest
 import torch
 
-from components.hf.checkpoint import import_weights
+from components.hf.weights_folder import import_weights
 from components.model import Decoder
-from runtime.branching import with_folder_composition
-from runtime.launch import validate_overrides
+from runtime.checkpoints.branching import with_folder_composition
+from runtime.compose import compose_root
 from runtime.load_run import RunLoadError, load_run
-from tests.helpers import run_train
+from tests.helpers import FAST, only_run_dir, train_command_in_process
 from tests.hf.transformers_helpers import assert_close, ids
-from tests.training.test_train import FAST, only_run_dir
 
 transformers = pytest.importorskip("transformers")
 
@@ -57,22 +56,23 @@ def test_load_run_reads_a_folder_transformers_saved(tmp_path, mixer):
         assert_close(model(x), llama(x).logits)
 
 
-def test_init_from_composes_the_folders_model(tmp_path):
+def test_init_from_composes_the_folders_model(tmp_path, capsys):
     llama = _saved_llama(tmp_path / "llama", *SHAPES["gqa"])
     overrides, note = with_folder_composition(
         [f"init_from={tmp_path / 'llama'}", "data=corpus", "mixer.rope_theta=5000"]
     )
     assert "LlamaForCausalLM, composed as" in note and "mixer=gqa" in note
     assert overrides[-1] == "mixer.rope_theta=5000" and "mixer.rope_theta=5000.0" not in overrides  # given wins
-    root = validate_overrides(overrides)  # checks the folder's tensors against the composed model
+    root = compose_root(overrides)  # checks the folder's tensors against the composed model
     model = Decoder(root.decoder_config()).eval()
     import_weights(str(tmp_path / "llama"), model)
     x = ids(vocab=300)
     with torch.no_grad():
         assert_close(model(x), llama(x).logits)
 
-    # the command line: a new run from those weights (a learning rate of 1e-30 leaves them as loaded)
-    result = run_train(
+    # the command line (in this process): a new run from those weights (a learning rate of 1e-30 leaves them
+    # as loaded)
+    status = train_command_in_process(
         *FAST,
         "data=corpus",  # its 257 byte ids fit the folder's 300-entry vocabulary
         f"init_from={tmp_path / 'llama'}",
@@ -82,8 +82,9 @@ def test_init_from_composes_the_folders_model(tmp_path):
         f"output_root={tmp_path / 'runs'}",
         "logger=csv",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "LlamaForCausalLM, composed as" in result.stderr and "initial weights from" in result.stdout
+    printed = capsys.readouterr()
+    assert status == 0, printed.err[-3000:]
+    assert "LlamaForCausalLM, composed as" in printed.err and "initial weights from" in printed.out
     _, started = load_run(str(only_run_dir(tmp_path / "runs")))
     with torch.no_grad():
         assert_close(started(x), llama(x).logits)

@@ -10,10 +10,10 @@ from typing import Optional
 import torch
 
 from components.data.text.tokenizers import ByteTokenizer, TextTokenizer
-from components.generate import generate
 from components.hf.export_folder import ExportedFolder, write_model_folder
 from components.hf.key_map import TEXT_PREFIX
 from components.model import Decoder
+from components.sampling import generate
 from runtime.config import to_container
 from tests.helpers import compose_root
 

@@ -19,7 +19,7 @@ from components.ops.attnres import attnres_read_reference
 from components.optim.param_groups import adamw_param_groups, unique_trainable
 from components.registry import ConfigError
 from components.residual.attnres import BlockAttnRes, BlockAttnResConfig, FullAttnRes, FullAttnResConfig
-from runtime.callbacks.depth_weights import DepthWeights
+from runtime.callbacks.depth_weight_recorder import DepthWeights
 from tests import helpers
 from tests.helpers import build_model, compose_root
 

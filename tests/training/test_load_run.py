@@ -180,7 +180,7 @@ def test_exported_weights_that_do_not_fit_the_composed_model_are_refused_before_
 
 
 def test_top_p_keeps_the_smallest_nucleus():
-    from components.generate import generate
+    from components.sampling import generate
 
     class Fixed(torch.nn.Module):  # a "model" whose next-token distribution is fixed: p = [0.5, 0.3, 0.15, 0.05]
         def new_cache(self):

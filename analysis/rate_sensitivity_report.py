@@ -2,7 +2,7 @@
 and the width of each arm's stable basin (as in Wortsman et al. 2023, "Small-scale proxies for large-scale
 Transformer training instabilities").
 
-    python -m analysis.rate_sensitivity FOLDER_OR_CSV [--tolerance 0.02] [--out DIR]
+    python -m analysis.rate_sensitivity_report FOLDER_OR_CSV [--tolerance 0.02] [--out DIR]
 
 Reads ``sensitivity.csv`` (one row per run: ``decision``, ``arm``, ``seed``, ``lr``, ``val_bpb``; an empty
 or non-finite ``val_bpb`` is a diverged run) and writes ``sensitivity.json``, ``sensitivity.md`` and
@@ -191,9 +191,9 @@ def plot(decision: str, result: dict[str, Any], rows: list[dict[str, Any]], path
 def main(argv: Optional[list[str]] = None) -> int:
     from runtime.cli import ToolError, finite_float, new_output_path, reports_errors
 
-    @reports_errors("analysis.rate_sensitivity")
+    @reports_errors("analysis.rate_sensitivity_report")
     def run(argv):
-        p = argparse.ArgumentParser(prog="analysis.rate_sensitivity", description=__doc__.splitlines()[0])
+        p = argparse.ArgumentParser(prog="analysis.rate_sensitivity_report", description=__doc__.splitlines()[0])
         p.add_argument("table", help=f"a sensitivity folder (holding {SENSITIVITY_FILE}) or the CSV itself")
         p.add_argument("--tolerance", type=finite_float(0.0, above=True), default=0.02, help="basin tolerance (0.02)")
         p.add_argument("--out", type=new_output_path, default=None, help="output folder (default: the table's)")
