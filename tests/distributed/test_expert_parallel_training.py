@@ -4,7 +4,7 @@ Runs of 20 steps, all through ``tests.distributed.sharded_train`` (train.py with
 runtime/grad_norm.py, and the routers' final biases written out): one process; DDP on 4 ranks, whose distance
 from one process is the floor (the rounding of splitting the batch four ways and adding partial gradients);
 FSDP2 with expert parallelism at (devices, expert_parallel) = (4, 2), (2, 2) and (4, 4). Each must stay
-within three times the floor (plus 1e-6) in its losses, MTP loss, gradient norms, MaxVio and final QB
+within five times the floor (plus 1e-6) in its losses, MTP loss, gradient norms, MaxVio and final QB
 biases; each planted defect (FSDP's default division of the expert gradients, router statistics summed over
 the expert-parallel group only) must leave it. Measured (largest over 20 steps; relative for losses and
 norms, absolute for MaxVio and biases): floor loss 4.2e-6, grad norm 1.0e-4, expert grad norm (5 steps)
@@ -12,8 +12,11 @@ norms, absolute for MaxVio and biases): floor loss 4.2e-6, grad norm 1.0e-4, exp
 2.0e-4, 2.7e-5, 0.035, 1.1e-3; (4, 4) 7.8e-6, 1.4e-4, 8.0e-6, 0.012, 1.1e-3. FSDP's default division: the
 expert grad norm off by 0.5 (the losses do not move: Muon and AdamW updates ignore a gradient's scale).
 Statistics over the expert-parallel group only: MaxVio mean off by 0.41, biases by 0.020, loss by 3.1e-5.
-Gradient clipping is off: Lightning's clipping of sharded gradients cannot take two meshes
-(runtime/grad_norm.py clips them, where the training step calls it).
+Five times: rounding grows from step to step, so one run's floor bounds another's within a few times (up to
+3.5 times measured on the FSDP2 runs without expert parallelism, tests/distributed/test_fsdp2_mtp.py), while
+the defects sit 18 times (MaxVio, biases) and 8,000 times (expert grad norm) beyond it. Gradient clipping is
+off: Lightning's clipping of sharded gradients cannot take two meshes (runtime/grad_norm.py clips them, where
+the training step calls it).
 """
 
 from __future__ import annotations
@@ -102,7 +105,7 @@ def _gaps(a: dict, b: dict) -> dict[str, float]:
 
 
 def _within(gap: dict[str, float], floor: dict[str, float]) -> dict[str, bool]:
-    return {key: gap[key] <= 3 * floor[key] + 1e-6 for key in gap}
+    return {key: gap[key] <= 5 * floor[key] + 1e-6 for key in gap}
 
 
 @pytest.mark.slow
