@@ -54,7 +54,7 @@ def group_options(group: str) -> list[str]:
 
 
 # -- training runs in this process (the ``train_run`` / ``trained_run`` fixtures in tests/conftest.py) ----------
-# a tiny model on the byte corpus that a test trains in seconds, logging every step, with no compile and no time guard
+# a tiny model on short windows of the default data, trained in seconds: logging every step, no compile, no time guard
 FAST = [
     "model=tiny",
     "data.seq_len=64",

@@ -9,7 +9,7 @@ import torch
 from components.model import Decoder
 from components.registry import DATASETS, MODEL_FAMILIES, ConfigError
 from runtime.config import REGISTRIES
-from tests.helpers import CONF, compose_root, group_options, run_train
+from tests.helpers import CONF, compose_root, group_options, train_command_in_process
 
 # groups whose options change the model; the others are checked by composition + validation only
 MODEL_GROUPS = [r.group for r in MODEL_FAMILIES] + ["model"]
@@ -125,15 +125,16 @@ def test_memmap_refuses_empty_or_truncated_files(tmp_path, name, content):
         (["-m", "mixer=gqa,mhaa"], "mixer"),
     ],
 )
-def test_cli_rejects_bad_config_before_writing(tmp_path, overrides, key):
+def test_cli_rejects_bad_config_before_writing(tmp_path, overrides, key, capsys):
     out = tmp_path / "outputs"
-    result = run_train(*overrides, f"output_root={out}")
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
+    status = train_command_in_process(*overrides, f"output_root={out}")  # train.py's command line
+    printed = capsys.readouterr()
+    assert status == 2, printed.err
+    lines = [line for line in printed.err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, printed.err
     assert lines[0].startswith(f"error: {key}:"), lines[0]
     assert not out.exists(), "a folder was written for a config that failed validation"
-    assert "Traceback" not in result.stderr + result.stdout
+    assert "Traceback" not in printed.err + printed.out
 
 
 def test_conf_tree_has_a_yaml_per_group():

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from runtime.compose import compose, strip_hydra
 from runtime.jsonl_logger import read_metrics
-from runtime.launch import compose, strip_hydra
 from sweeps.ladder import stability_metrics
-from tests.helpers import compose_root, run_train
+from tests.helpers import compose_root
 
 
 def flat(experiment: str) -> dict:
@@ -76,8 +75,8 @@ def test_each_ablation_flips_one_decision(ablation):
     compose_root(f"experiment={ablation}")  # validates
 
 
-def test_k3_tiny_trains_with_maxvio_and_depth_weights(tmp_path):
-    result = run_train(
+def test_k3_tiny_trains_with_maxvio_and_depth_weights(train_run):
+    result = train_run(
         "experiment=k3_tiny",
         "data.seq_len=64",
         "data.batch_size=8",
@@ -89,10 +88,8 @@ def test_k3_tiny_trains_with_maxvio_and_depth_weights(tmp_path):
         "trainer.enable_progress_bar=false",
         "trainer.log_every_n_steps=1",
         "logger=csv",
-        f"output_root={tmp_path}",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
+    run_dir = result.run_dir
     rows = read_metrics(str(run_dir / "metrics.jsonl"))
     assert sum("balance/maxvio/mean" in r for r in rows) == 6
     # the ladder's stability columns read this run's metrics as logged (a key the ladder guessed wrong
@@ -105,8 +102,8 @@ def test_k3_tiny_trains_with_maxvio_and_depth_weights(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["k3_small", *sorted(ABLATIONS)])
-def test_k3_small_and_each_ablation_train(tmp_path, experiment):
-    result = run_train(
+def test_k3_small_and_each_ablation_train(experiment, train_run):
+    result = train_run(
         f"experiment={experiment}",
         "data.seq_len=64",
         "data.batch_size=4",
@@ -116,9 +113,7 @@ def test_k3_small_and_each_ablation_train(tmp_path, experiment):
         "trainer.max_time_minutes=null",
         "trainer.enable_progress_bar=false",
         "logger=csv",
-        f"output_root={tmp_path}",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
+    run_dir = result.run_dir
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["val"]["loss"] < 10

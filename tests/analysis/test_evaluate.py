@@ -13,8 +13,6 @@ import pytest
 
 from analysis.compare import compare
 from analysis.evaluate import main, position_buckets
-from tests.helpers import run_train
-from tests.training.test_train import only_run_dir
 
 RUN = [
     "model=tiny",
@@ -32,11 +30,8 @@ RUN = [
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("evaluate")
-    result = run_train(*RUN, f"output_root={root}", "logger=wandb", env={"WANDB_MODE": "offline"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    return only_run_dir(root)
+def trained(trained_run):
+    return trained_run(*RUN, "logger=wandb").run_dir  # W&B offline (tests/conftest.py)
 
 
 def test_lengths_reproduce_the_validation_loss_and_split_it_by_position(trained, capsys, monkeypatch):

@@ -19,19 +19,17 @@ import lm_eval  # noqa: E402
 import analysis.harness  # noqa: E402, F401  (registers "k3" beside the harness's own models)
 import components.hf.transformers_model  # noqa: E402, F401  (the project's transformers classes)
 from analysis.harness import task_manager  # noqa: E402
-from tests.helpers import REPO, run_train  # noqa: E402
-from tests.training.test_train import only_run_dir  # noqa: E402
+from tests.helpers import REPO  # noqa: E402
 
 TASKS = REPO / "tests" / "harness_tasks"
 
 
 @pytest.fixture(scope="module")
-def run_and_export(tmp_path_factory):
+def run_and_export(trained_run, tmp_path_factory):
     """A 4-step byte-level run (the default GQA + dense SiTU-GLU model, tiny) and its export."""
     from analysis.export import main
 
-    root = tmp_path_factory.mktemp("harness-hf")
-    result = run_train(
+    run = trained_run(
         "model=tiny",
         "data=corpus",
         "data.seq_len=64",
@@ -43,11 +41,8 @@ def run_and_export(tmp_path_factory):
         "trainer.max_time_minutes=null",
         "trainer.compile=false",
         "logger=csv",
-        f"output_root={root / 'runs'}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    run = only_run_dir(root / "runs")
-    out = root / "export"
+    ).run_dir
+    out = tmp_path_factory.mktemp("harness-hf") / "export"
     return run, out, main([str(run), str(out)])
 
 

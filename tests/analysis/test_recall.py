@@ -7,8 +7,6 @@ import json
 from pathlib import Path
 
 from analysis.compare import compare
-from tests.helpers import run_train
-from tests.training.test_train import only_run_dir
 
 SMALL = [
     "experiment=mqar_segments",
@@ -24,10 +22,8 @@ SMALL = [
 ]
 
 
-def test_segments_train_report_and_compare(tmp_path):
-    result = run_train(*SMALL, "mixer=mha", f"output_root={tmp_path / 'runs'}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = only_run_dir(tmp_path / "runs")
+def test_segments_train_report_and_compare(tmp_path, train_run):
+    run_dir = train_run(*SMALL, "mixer=mha", f"output_root={tmp_path / 'runs'}").run_dir
     summary = json.loads((run_dir / "summary.json").read_text())
     assert {"accuracy/T32_P4", "accuracy/T128_P16", "accuracy"} <= set(summary["val"])
     # MHA, 2 layers, 4 heads of 16: keys and values of every layer grow with each token; nothing is fixed

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from analysis.depth_weights import main as plot_main
 from runtime.jsonl_logger import read_metrics
-from tests.helpers import run_train
 
 DATA = {
     "corpus": ["data.seq_len=64", "data.batch_size=8", "data.val_tokens=2048"],
@@ -30,8 +28,8 @@ DATA = {
 @pytest.mark.parametrize(
     "data", [pytest.param(d, marks=pytest.mark.slow) if d == "corpus" else d for d in sorted(DATA)]
 )
-def test_attnres_trains_and_logs_depth_weights(tmp_path, residual, data):
-    result = run_train(
+def test_attnres_trains_and_logs_depth_weights(tmp_path, residual, data, train_run):
+    result = train_run(
         *residual,
         f"data={data}",
         *DATA[data],
@@ -44,10 +42,8 @@ def test_attnres_trains_and_logs_depth_weights(tmp_path, residual, data):
         "trainer.enable_progress_bar=false",
         "trainer.log_every_n_steps=1",
         "logger=csv",
-        f"output_root={tmp_path}",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
+    run_dir = result.run_dir
     history = json.loads((run_dir / "depth_weights.json").read_text())
     assert [e["step"] for e in history][-1] == 4 and len(history) >= 2
     rows = history[-1]["rows"]

@@ -38,13 +38,10 @@ ENV = {"OMP_NUM_THREADS": str(THREADS)}
 
 
 @pytest.fixture(scope="module")
-def stable_and_straight(tmp_path_factory):
-    from tests.helpers import train_in_process
-
-    root = tmp_path_factory.mktemp("branch")
-    stable = train_in_process(*COMMON, "trainer.max_steps=24", f"output_root={root / 'stable'}", threads=THREADS)
-    straight = train_in_process(*COMMON, "trainer.max_steps=12", f"output_root={root / 'straight'}", threads=THREADS)
-    return root, stable.run_dir, straight.run_dir
+def stable_and_straight(trained_run, tmp_path_factory):
+    stable = trained_run(*COMMON, "trainer.max_steps=24", threads=THREADS)
+    straight = trained_run(*COMMON, "trainer.max_steps=12", threads=THREADS)
+    return tmp_path_factory.mktemp("branch"), stable.run_dir, straight.run_dir
 
 
 def test_a_cooldown_branched_from_the_stable_phase_equals_the_run_of_that_length(stable_and_straight, train_run):

@@ -22,18 +22,17 @@ from components.data.text.stream import PreparedStream
 from components.registry import DATASETS, ConfigError
 from runtime.jsonl_logger import read_metrics
 from tests.data.text_fixtures import write_text_folder
-from tests.helpers import compose_root, kill_after_microbatch, run_train, start_train
+from tests.helpers import (
+    FAST,
+    compose_root,
+    kill_after_microbatch,
+    losses_by_step,
+    only_run_dir,
+    start_train,
+    train_command_in_process,
+)
 
-FAST = [
-    "model=tiny",
-    "data.seq_len=32",
-    "data.batch_size=8",
-    "data.val_tokens=512",
-    "trainer.enable_progress_bar=false",
-    "trainer.log_every_n_steps=1",
-    "trainer.compile=false",
-    "trainer.max_time_minutes=null",
-]
+SHORT_WINDOWS = [*FAST, "data.seq_len=32", "data.val_tokens=512"]  # later overrides win
 
 
 def _prep(inputs, out, tokenizer):
@@ -114,7 +113,7 @@ def test_mixture_sources_must_share_a_tokenizer(folders):
         compose_root("data=mixture", f"data.sources={{x: {{path: {folders['root']}}}}}")
 
 
-def test_folder_whose_tokenizer_is_not_the_one_meta_names_is_refused(folders, tmp_path):
+def test_folder_whose_tokenizer_is_not_the_one_meta_names_is_refused(folders, tmp_path, capsys):
     bad = tmp_path / "bad"
     shutil.copytree(folders["b"], bad)
     other = prepare(
@@ -128,53 +127,42 @@ def test_folder_whose_tokenizer_is_not_the_one_meta_names_is_refused(folders, tm
         log=lambda m: None,
     ).folder
     shutil.copy(other / "tokenizer.json", bad / "tokenizer.json")
-    result = run_train(
-        *FAST,
+    status = train_command_in_process(  # train.py's command line
+        *SHORT_WINDOWS,
         "data=memmap",
         f"data.path={bad}",
         "trainer.max_steps=2",
         f"output_root={tmp_path / 'runs'}",
         "logger=csv",
     )
-    assert result.returncode == 2
-    assert "data.path" in result.stderr and "is not the one meta.json says the tokens were made with" in result.stderr
+    assert status == 2
+    stderr = capsys.readouterr().err
+    assert "data.path" in stderr and "is not the one meta.json says the tokens were made with" in stderr
     assert not (tmp_path / "runs").exists()
 
 
-def _losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["train/loss"] for r in read_metrics(str(run_dir / "metrics.jsonl")) if "train/loss" in r}
-
-
-def _only(root: Path) -> Path:
-    (d,) = [p for p in root.iterdir() if p.is_dir()]
-    return d
-
-
 @pytest.mark.slow
-def test_mixture_resumes_exactly_and_logs_per_source_metrics(folders, tmp_path):
-    """A mixture run killed mid-run and resumed logs the uninterrupted run's losses; validation reports
-    loss and bits per byte per source and overall, in metrics.jsonl and in the W&B run."""
+def test_mixture_resumes_exactly_and_logs_per_source_metrics(folders, tmp_path, train_run):
+    """A mixture run killed mid-run (train.py in a process of its own) and resumed logs the uninterrupted run's
+    losses; validation reports loss and bits per byte per source and overall, in metrics.jsonl and in the W&B
+    run. The uninterrupted and the resumed run train in this process, on the killed process's one thread."""
     sources = f"data.sources={{a: {{path: {folders['a']}, weight: 2}}, b: {{path: {folders['b']}, weight: 1}}}}"
     common = [
-        *FAST,
+        *SHORT_WINDOWS,
         "data=mixture",
         sources,
         "trainer.max_steps=10",
         "trainer.checkpoint_every_n_steps=4",
         "trainer.val_check_interval=5",
     ]
-    env = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    straight = start_train(*common, "logger=wandb", f"output_root={tmp_path / 'a'}", env=env)
-    killed = run_train(*common, "logger=csv", f"output_root={tmp_path / 'b'}", kill_after_microbatch(6), env=env)
+    env = {"OMP_NUM_THREADS": "1"}  # CPU kernels split their sums by thread: every run here on one
+    killing = start_train(*common, "logger=csv", f"output_root={tmp_path / 'b'}", kill_after_microbatch(6), env=env)
+    train_run(*common, "logger=wandb", f"output_root={tmp_path / 'a'}", threads=1)  # W&B offline (tests/conftest.py)
+    killed = killing.wait(timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    finished = straight.wait(timeout=600)
-    assert finished.returncode == 0, finished.stderr[-3000:]
-    resumed = run_train(
-        *common, "logger=csv", f"output_root={tmp_path / 'b'}", "ckpt_path=last", env={"OMP_NUM_THREADS": "1"}
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    reference_dir, run_dir = _only(tmp_path / "a"), _only(tmp_path / "b")
-    reference, losses = _losses(reference_dir), _losses(run_dir)
+    train_run(*common, "logger=csv", f"output_root={tmp_path / 'b'}", "ckpt_path=last", threads=1)
+    reference_dir, run_dir = only_run_dir(tmp_path / "a"), only_run_dir(tmp_path / "b")
+    reference, losses = losses_by_step(reference_dir), losses_by_step(run_dir)
     assert sorted(losses) == sorted(reference) == list(range(10))
     assert all(losses[s] == reference[s] for s in range(4, 10))
 
