@@ -2,40 +2,50 @@
 
 from __future__ import annotations
 
-import subprocess
+from types import SimpleNamespace
 
+import pytest
 import yaml
 
 from components.registry import FAMILIES
-from tests.helpers import run_python
+from tests.helpers import train_command_in_process
 
 
-def _train(*args: str) -> subprocess.CompletedProcess:
-    return run_python("train.py", *args, timeout=300)
+@pytest.fixture
+def train_py(capsys):
+    """``train.py args...``'s command line in this process: its exit status and what it printed."""
+
+    def run(*args: str) -> SimpleNamespace:
+        capsys.readouterr()
+        status = train_command_in_process(*args)
+        printed = capsys.readouterr()
+        return SimpleNamespace(returncode=status, stdout=printed.out, stderr=printed.err)
+
+    return run
 
 
-def test_cfg_job_resolve_fills_the_vocabulary_from_the_data():
+def test_cfg_job_resolve_fills_the_vocabulary_from_the_data(train_py):
     for data, vocab in (("code", 8192), ("corpus", 257)):  # a tokenizer's size; the byte corpus's own
-        out = _train("--cfg", "job", "--resolve", f"data={data}")
+        out = train_py("--cfg", "job", "--resolve", f"data={data}")
         assert out.returncode == 0, out.stderr
         cfg = yaml.safe_load(out.stdout)
         assert cfg["model"]["vocab_size"] == vocab == cfg["data"]["vocab_size"]
         assert "hydra" not in cfg
 
 
-def test_cfg_package():
-    out = _train("--cfg", "job", "--package", "mixer", "mixer=kda")
+def test_cfg_package(train_py):
+    out = train_py("--cfg", "job", "--package", "mixer", "mixer=kda")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("# @package mixer\n") and yaml.safe_load(out.stdout)["name"] == "kda"
 
 
-def test_cfg_refuses_bad_values_naming_them():
-    out = _train("--cfg", "jobs")
+def test_cfg_refuses_bad_values_naming_them(train_py):
+    out = train_py("--cfg", "jobs")
     assert out.returncode == 2 and "--cfg: 'jobs' is not allowed" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_help_offers_every_member_and_no_schema_entries():
-    out = _train("--help")
+def test_help_offers_every_member_and_no_schema_entries(train_py):
+    out = train_py("--help")
     assert out.returncode == 0, out.stderr
     assert "_schema" not in out.stdout
     choices = {
