@@ -77,6 +77,11 @@ class TrainerConfig:
     # about one more forward of compute; same loss, gradients and router statistics). Set on the model
     # before FSDP2 shards it; parameter and checkpoint names are unchanged.
     activation_checkpointing: bool = False
+    # CPU threads of a one-process CPU run: "auto" times a few steps at each thread count now and then
+    # and keeps the fastest, so a run beside other busy processes takes the cores it can use and leaves
+    # the rest (runtime/cpu_thread_tuning.py; results do not depend on it); "fixed" keeps the count the
+    # process started with (OMP_NUM_THREADS, else one per core). Ignored on GPUs and with several ranks.
+    cpu_threads: str = "auto"
 
 
 @dataclass
@@ -92,6 +97,8 @@ class LoggerConfig:
     tags: list[str] = field(default_factory=list)
     # seconds to wait for the W&B server when starting an online run before recording offline instead
     init_timeout_s: float = 90.0
+    # W&B's job type: None for train (or sweep-point inside a multirun); the ladder's runs set ladder-rung
+    job_type: Optional[str] = None
 
 
 @dataclass

@@ -19,6 +19,7 @@ from components.registry import DATASETS, ConfigError, closest
 from runtime.checkpoints.branching import check_branch
 from runtime.config import COMPONENT_KEYS, REGISTRIES, RootConfig, component_configs, data_parallel_ranks
 from runtime.precision import resolve_precision
+from runtime.run_identity import JOB_TYPES
 
 ALLOWED = {
     "trainer.accelerator": ("cpu", "gpu", "cuda", "auto"),
@@ -119,6 +120,11 @@ def validate(cfg: DictConfig) -> RootConfig:
             getattr(err, "full_key", "") or "", str(getattr(err, "msg", err)).strip().splitlines()[0]
         ) from None
 
+    check(
+        root.logger.job_type is None or root.logger.job_type in JOB_TYPES,
+        "logger.job_type",
+        f"'{root.logger.job_type}' is not allowed; choose one of null, {', '.join(JOB_TYPES)}",
+    )
     for key, allowed in ALLOWED.items():
         section, attr = key.split(".")
         value = getattr(getattr(root, section), attr)
@@ -200,6 +206,7 @@ def validate(cfg: DictConfig) -> RootConfig:
         getattr(root, key).validate(root.model, key)
     check_kernel_backends(root)
     check_expert_parallel(root)
+    check_cpu_threads(root)
     ranks = data_parallel_ranks(t)
     batch = root.data.batch_size
     if ranks:
@@ -210,6 +217,20 @@ def validate(cfg: DictConfig) -> RootConfig:
             f"(trainer.devices x trainer.num_nodes); use a multiple of {ranks}",
         )
     return root
+
+
+CPU_THREAD_MODES = ("auto", "fixed")
+
+
+def check_cpu_threads(root: RootConfig) -> None:
+    """``trainer.cpu_threads`` is a mode the run knows."""
+    mode = root.trainer.cpu_threads
+    check(
+        mode in CPU_THREAD_MODES,
+        "trainer.cpu_threads",
+        f"'{mode}' is not allowed; choose one of {', '.join(CPU_THREAD_MODES)} (auto: tune the thread count to the "
+        "machine's load as the run goes; fixed: keep the count the process started with)",
+    )
 
 
 def check_expert_parallel(root: RootConfig) -> None:

@@ -513,6 +513,7 @@ def run_overrides(run: LadderRun, arm: list[str], preset: Preset, extra: list[st
         f"seed={run.run_seed}",
         f"name={run.name}",
         "ckpt_path=last",
+        "logger.job_type=ladder-rung",
     ]
     if run.batch_rows is not None:
         out.append(f"data.batch_size={run.batch_rows}")

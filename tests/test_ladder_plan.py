@@ -74,6 +74,7 @@ def test_budgets_branch_points_and_checkpoints():
     branch = next(r for r in runs if r.phase == "branch")
     argv = ladder_plan.run_overrides(branch, d[branch.arm], p, [], Path("/runs"))
     assert f"init_step={branch.init_step}" in argv and "ckpt_path=last" in argv
+    assert "logger.job_type=ladder-rung" in argv  # W&B tells a ladder's runs from a study's
     assert f"init_from=/runs/{branch.branch_of}" in argv
 
 

@@ -129,3 +129,11 @@ def test_tokens_per_s_is_the_logging_intervals_rate(monkeypatch):
     assert logged[3]["perf/tokens_per_s"] == pytest.approx(100 / 4.0)  # a new interval after it
     assert logged[2]["perf/tokens"] == 200 and logged[2]["perf/flops"] == 2000  # row 2: two steps trained
     assert callback.total_tokens == 400 and callback.train_seconds == pytest.approx(10.0)
+
+
+def test_logger_job_type_is_checked():
+    from components.registry import ConfigError
+
+    assert compose_root("logger.job_type=ladder-rung").logger.job_type == "ladder-rung"
+    with pytest.raises(ConfigError, match="logger.job_type.*choose one of null, train"):
+        compose_root("logger.job_type=rung")
