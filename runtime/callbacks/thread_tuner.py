@@ -1,0 +1,71 @@
+"""A CPU run's thread count kept right for the load it meets (``trainer.cpu_threads=auto``).
+
+Each training micro-batch is timed (from its start to its end: forward, backward and, at the end of an
+accumulation, the optimizer step) and fed to ``runtime.cpu_thread_tuning.ThreadTuner``, which sets the
+count for the next one. Each decision is printed; ``summary()`` is the run summary's ``cpu_threads``
+record. A run's thread count at the start is its ceiling.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Optional
+
+import lightning as L
+import torch
+
+from runtime.cpu_thread_tuning import ThreadTuner, TuningPlan
+from runtime.cpu_threads import describe_wait_policy
+
+
+class CpuThreadTuner(L.Callback):
+    """Tunes when ``enabled``; otherwise only reports the fixed count (``for_run`` decides which)."""
+
+    def __init__(self, plan: TuningPlan = TuningPlan(), apply: Optional[Any] = None, enabled: bool = True):
+        self.plan = plan
+        self.enabled = enabled
+        self.apply = apply  # tests force switches through it; None: torch.set_num_threads
+        self.tuner: Optional[ThreadTuner] = None  # made at the start of training, on the count it starts with
+        self._started = 0.0
+        self._reported = 0  # decisions printed and logged so far
+
+    @classmethod
+    def for_run(cls, trainer_config: Any) -> "CpuThreadTuner":
+        """Enabled for ``trainer.cpu_threads=auto`` on a one-process CPU run: with several ranks each
+        step waits for the slowest rank, so a rank's own step time says little about its threads."""
+        t = trainer_config
+        on_cpu = t.accelerator == "cpu" or (t.accelerator == "auto" and not torch.cuda.is_available())
+        one_process = t.devices in (1, "auto") and t.num_nodes == 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1
+        return cls(enabled=t.cpu_threads == "auto" and on_cpu and one_process)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if not self.enabled:
+            return
+        self.tuner = ThreadTuner(torch.get_num_threads(), self.plan, self.apply)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.tuner is None:
+            return
+        self.tuner.record(time.perf_counter() - self._started)
+        if self.tuner.decided > self._reported:
+            self._reported = self.tuner.decided
+            decision = self.tuner.decisions[-1]
+            if trainer.is_global_zero:
+                print(decision.describe(), flush=True)
+
+    def summary(self) -> dict[str, Any]:
+        """The run summary's ``cpu_threads`` record: the mode, the wait policy in effect and, from the
+        tuner, the count it ended on, its probes and decisions, and how many micro-batches ran on each
+        count."""
+        record: dict[str, Any] = {
+            "mode": "auto" if self.enabled else "fixed",
+            "wait_policy": describe_wait_policy(os.environ),
+            "threads": torch.get_num_threads(),
+        }
+        if self.tuner is not None:
+            record.update(self.tuner.summary())
+        return record

@@ -1,0 +1,224 @@
+"""The CPU thread count a run keeps, chosen by timing its own steps under each candidate, again and again.
+
+On a machine that other processes share, the best number of PyTorch threads depends on a load the run
+cannot see: alone, every core; beside one busy process, often fewer threads than cores, because a thread
+that waits at a barrier for a sibling the scheduler has put aside wastes the whole step. The tuner
+measures instead of guessing: after a few warm steps it runs a few steps at each candidate count, keeps
+the fastest, and probes again after a while, or at once when the kept count's step time drifts (the load
+changed). Thread count does not change results on CPU (every kernel the runs use splits its work, not
+its sums, by thread: tests/runtime/test_thread_tuner.py holds a run with forced switches to one without),
+so the run may switch freely.
+
+``choose_threads`` is the decision alone (a pure function of timings); ``ThreadTuner`` the schedule around
+it, fed one step time at a time; ``runtime/callbacks/thread_tuner.py`` feeds it a training run's steps and
+``cpu_thread_tuner`` any other loop (evaluation, the harness).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class TuningPlan:
+    """How often and how long the tuner measures."""
+
+    warm_steps: int = 2  # left untimed at the start: allocator warm-up, compilation
+    settle_steps: int = 1  # left untimed after a switch: the new thread team starts
+    probe_steps: int = 3  # timed steps per candidate; their median is its step time
+    hold_steps: int = 200  # steps on the kept count before it is questioned again
+    drift: float = 1.5  # the kept count's recent median this many times slower (or faster): probe at once
+    margin: float = 0.05  # another count must be this much faster to replace the one in use
+
+
+def candidate_threads(cores: int) -> list[int]:
+    """Thread counts worth trying on ``cores`` cores, most first: every count up to 4, then powers of two
+    and ``cores`` itself (a 64-core machine probes 7 counts, not 64)."""
+    counts = {c for c in range(1, min(cores, 4) + 1)}
+    power = 8
+    while power < cores:
+        counts.add(power)
+        power *= 2
+    counts.add(max(1, cores))
+    return sorted(counts, reverse=True)
+
+
+def choose_threads(seconds: Mapping[int, Sequence[float]], current: int, margin: float) -> int:
+    """The thread count to keep, from timed steps per count (seconds per unit of work): the one with the
+    lowest median, unless ``current`` is within ``margin`` of it (a switch must pay for itself; timing
+    noise alone does not flip the choice). Ties go to fewer threads (fewer cores taken from others)."""
+    medians = {n: statistics.median(times) for n, times in seconds.items() if times}
+    if not medians:
+        raise ValueError("no timed steps to choose a thread count from")
+    best = min(medians, key=lambda n: (medians[n], n))
+    if current in medians and medians[current] <= medians[best] * (1 + margin):
+        return current
+    return best
+
+
+@dataclass
+class Decision:
+    step: int
+    threads: int
+    seconds: dict[int, float]  # median seconds per unit of work, by thread count
+    reason: str  # start, periodic or drift
+
+    def describe(self) -> str:
+        timings = ", ".join(f"{n}: {s * 1e3:.1f} ms" for n, s in sorted(self.seconds.items()))
+        return f"cpu threads: {self.threads} at step {self.step} ({self.reason} probe; per step {timings})"
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "threads": self.threads,
+            "reason": self.reason,
+            "seconds_per_step": {str(n): round(s, 6) for n, s in sorted(self.seconds.items())},
+        }
+
+
+class ThreadTuner:
+    """Step by step: ``threads`` is the count for the next step; ``record(seconds)`` after each step
+    (seconds per unit of work when steps differ in size) returns the count for the one after, and sets it
+    through ``apply`` when it changes."""
+
+    KEPT_DECISIONS = 20  # the summary keeps the newest decisions; a long run probes hundreds of times
+
+    def __init__(self, cores: int, plan: TuningPlan = TuningPlan(), apply: Optional[Callable[[int], None]] = None):
+        self.plan = plan
+        self.candidates = candidate_threads(cores)
+        self.apply = apply or _set_torch_threads
+        self.threads = max(self.candidates)
+        self.step = 0
+        self.decisions: list[Decision] = []
+        self.probes = 0  # probes started
+        self.decided = 0  # probes finished with a decision
+        self.steps_by_threads: dict[int, int] = {}
+        self._phase = "warm"
+        self._left = plan.warm_steps  # steps left in this phase (or on this candidate)
+        self._queue: list[int] = []
+        self._timings: dict[int, list[float]] = {}
+        self._recent: deque[float] = deque(maxlen=max(3, plan.probe_steps))
+        self._reference = 0.0
+        self._settling = 0
+        self._reason = "start"
+
+    @property
+    def active(self) -> bool:
+        return len(self.candidates) > 1
+
+    def record(self, seconds: float) -> int:
+        self.steps_by_threads[self.threads] = self.steps_by_threads.get(self.threads, 0) + 1
+        self.step += 1
+        if not self.active:
+            return self.threads
+        if self._phase == "warm":
+            self._left -= 1
+            if self._left <= 0:
+                self._start_probe()
+        elif self._phase == "probe":
+            if self._settling > 0:
+                self._settling -= 1
+            else:
+                self._timings[self.threads].append(seconds)
+            if len(self._timings[self.threads]) >= self.plan.probe_steps:
+                self._next_candidate()
+        else:
+            self._hold(seconds)
+        return self.threads
+
+    def _hold(self, seconds: float) -> None:
+        if self._settling > 0:
+            self._settling -= 1
+            return
+        self._left -= 1
+        self._recent.append(seconds)
+        if self._left <= 0:
+            self._reason = "periodic"
+            self._start_probe()
+        elif len(self._recent) == self._recent.maxlen:
+            ratio = statistics.median(self._recent) / self._reference
+            if ratio > self.plan.drift or ratio < 1 / self.plan.drift:
+                self._reason = "drift"
+                self._start_probe()
+
+    def _start_probe(self) -> None:
+        # the count in use first: no switch, and nothing to settle
+        self._queue = [self.threads] + [n for n in self.candidates if n != self.threads]
+        self._timings = {n: [] for n in self._queue}
+        self._phase = "probe"
+        self.probes += 1
+        self._switch(self._queue.pop(0), settle=False)
+
+    def _next_candidate(self) -> None:
+        if self._queue:
+            self._switch(self._queue.pop(0), settle=True)
+            return
+        first_probed = next(iter(self._timings))
+        kept = choose_threads(self._timings, first_probed, self.plan.margin)
+        medians = {n: statistics.median(t) for n, t in self._timings.items()}
+        self.decisions.append(Decision(self.step, kept, medians, self._reason))
+        self.decided += 1
+        self.decisions = self.decisions[-self.KEPT_DECISIONS :]
+        self._reference = medians[kept]
+        self._recent.clear()
+        self._phase = "hold"
+        self._left = self.plan.hold_steps
+        self._switch(kept, settle=True)
+
+    def _switch(self, threads: int, settle: bool) -> None:
+        changed = threads != self.threads
+        self.threads = threads
+        self._settling = self.plan.settle_steps if (settle and changed) else 0
+        if changed:
+            self.apply(threads)
+
+    def summary(self) -> dict[str, Any]:
+        """What the tuner chose and measured: the summary's ``cpu_threads`` record."""
+        return {
+            "threads": self.threads,
+            "candidates": self.candidates,
+            "probes": self.probes,
+            "steps_by_threads": {str(n): s for n, s in sorted(self.steps_by_threads.items())},
+            "decisions": [d.record() for d in self.decisions],
+        }
+
+
+def _set_torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+class LoopThreadTuner:
+    """A ``ThreadTuner`` around any loop of similar steps (evaluation batches, harness requests):
+    ``with tuner.timed_step(work=tokens): ...`` times the body and sets the count for the next one. The
+    thread count the process had is put back by ``restore()``."""
+
+    def __init__(self, plan: TuningPlan = TuningPlan(), cores: Optional[int] = None):
+        import torch
+
+        self._initial = torch.get_num_threads()
+        self.tuner = ThreadTuner(cores or self._initial, plan)
+        if self.tuner.threads != self._initial:
+            self.tuner.apply(self.tuner.threads)
+
+    @contextlib.contextmanager
+    def timed_step(self, work: float = 1.0) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self.tuner.record((time.perf_counter() - started) / max(work, 1e-12))
+
+    def restore(self) -> None:
+        import torch
+
+        torch.set_num_threads(self._initial)
+
+
+def cpu_thread_tuner(plan: TuningPlan = TuningPlan(hold_steps=100)) -> LoopThreadTuner:
+    """A tuner for a CPU evaluation loop on this process's cores (``torch.get_num_threads()`` now)."""
+    return LoopThreadTuner(plan)
