@@ -10,9 +10,7 @@ import torch.nn.functional as F
 from components.balancers.load_stats import find_routers
 from components.model import Decoder
 from components.registry import BALANCERS, DATASETS, OPTIMIZERS
-from runtime.jsonl_logger import read_metrics
-from tests.helpers import compose_root, run_train
-from tests.training.test_train import FAST, only_run_dir
+from tests.helpers import FAST, compose_root, metric_rows, only_run_dir, run_train
 
 K3_TINY = (
     "experiment=k3_tiny",
@@ -145,9 +143,10 @@ def test_lightning_module_turns_it_on_in_configure_model():
 
 
 @pytest.mark.slow  # two train.py runs; the in-process tests above check loss and gradients equal
-def test_training_runs_log_the_same_losses_with_and_without(tmp_path):
-    """Through Lightning: one process without and with checkpointing, and FSDP2 on two processes with it
-    (each layer recomputed inside its sharded forward): the same losses."""
+def test_training_runs_log_the_same_losses_with_and_without(tmp_path, train_run):
+    """Through Lightning: one process without and with checkpointing (trained in this one), and FSDP2 on two
+    processes with it (each layer recomputed inside its sharded forward; Lightning starts its second rank by
+    running the command again, so it is train.py in processes of their own): the same losses."""
     common = [
         *FAST,
         *K3_TINY,
@@ -173,9 +172,12 @@ def test_training_runs_log_the_same_losses_with_and_without(tmp_path):
     train, val = {}, {}
     for name, extra in runs.items():
         out = tmp_path / name
-        result = run_train(*common, *extra, f"output_root={out}", env={"OMP_NUM_THREADS": "1"})
-        assert result.returncode == 0, result.stderr[-3000:]
-        records = read_metrics(str(only_run_dir(out) / "metrics.jsonl"))
+        if name == "fsdp2":
+            result = run_train(*common, *extra, f"output_root={out}", env={"OMP_NUM_THREADS": "1"})
+            assert result.returncode == 0, result.stderr[-3000:]
+        else:
+            train_run(*common, *extra, f"output_root={out}", threads=1)
+        records = metric_rows(only_run_dir(out))
         train[name] = [r["train/loss"] for r in records if "train/loss" in r]
         val[name] = [r["val/loss"] for r in records if "val/loss" in r]
     assert len(train["plain"]) == 3 and len(val["plain"]) == 1
