@@ -1,15 +1,21 @@
-"""The default run's training speed on a busy machine, with PyTorch's threads spinning or sleeping.
+"""The default run's share of a busy machine: tuned CPU threads against a fixed thread count, side by side.
 
-    python -m benchmarks.busy_machine [--steps 12 --rounds 2 --competitors 1]
+    python -m benchmarks.busy_machine            # 0, 1 and 2 competitors of each kind (about 15 min, 2 cores)
+    python -m benchmarks.busy_machine --quick    # 0 and 1 competitor, fewer steps (about 5 min)
 
-PyTorch's OpenMP threads spin while they wait for work. Beside other busy processes on a small machine
-(the 2-core case: a test suite or a second run next to the training) the spinning threads steal the
-cores their own siblings need, and a run slows down several-fold. ``OMP_WAIT_POLICY=PASSIVE`` makes
-waiting threads sleep instead. This measures the default run's steady-state tokens/s (``train.py`` with
-the README's configuration, a few steps after the warm ones) under both policies, on an idle machine and
-beside ``--competitors`` processes that each multiply matrices on every core with the default policy (an
-ordinary PyTorch workload). Conditions run in interleaved rounds, order rotated, so drift hits all alike.
-Run it on an otherwise idle machine: the competitors are the only load it should see.
+PyTorch's OpenMP threads spin while they wait for work; beside other busy processes the run's threads
+wait for siblings the scheduler has put aside, and a run slows down several-fold. ``trainer.cpu_threads=auto``
+(the CPU default) times steps at each thread count and keeps the fastest (runtime/cpu_thread_tuning.py);
+``fixed`` is the behaviour before it (one thread per core, libgomp's default wait policy). This measures
+the default run's steady-state tokens/s (``train.py`` with the README's configuration, after the warm steps
+and the tuner's first probe) under both, alone and beside 1 and 2 competitors of two kinds: a
+single-threaded pure-Python busy loop, and a PyTorch matmul loop on every core with the default settings.
+
+A run's fair share beside competitors is the part of the cores it would get if every busy thread got an
+equal slice, against what it uses alone: its ``cores`` threads among ``cores`` + the competitors' threads
+(one per Python loop, one per core per PyTorch loop), at most all of them. The table gives each rate as a
+fraction of that share of the fixed run's rate alone. Conditions run in interleaved rounds, order rotated,
+so drift hits all alike. Run it on an otherwise idle machine: the competitors are the only load it should see.
 """
 
 from __future__ import annotations
@@ -20,16 +26,104 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from runtime.rate_probe import REPO, probe_rate
 
-COMPETITOR = "import torch\na = torch.randn(384, 384)\nwhile True:\n    a = torch.tanh(a @ a)\n"
+COMPETITORS = {
+    "python": "while True:\n    pass\n",
+    "matmul": "import torch\na = torch.randn(384, 384)\nwhile True:\n    a = torch.tanh(a @ a)\n",
+}
+SETUPS = {"fixed (before)": "trainer.cpu_threads=fixed", "auto": "trainer.cpu_threads=auto"}
+BEFORE, TUNED = SETUPS
+# steps left out of each rate: the first steps (compilation) and the tuner's first probe (2 warm steps,
+# 3 timed on each of up to 2 counts and a settling step: runtime/cpu_thread_tuning.TuningPlan)
+WARM_STEPS = 10
+HELD_WITH_COMPETITORS = 0.8  # the must-show: share of the fair share kept beside competitors
+KEPT_ALONE = 0.95  # and of the fixed run's speed alone
 
 
-def start_competitors(n: int) -> list[subprocess.Popen]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
-    procs = [subprocess.Popen([sys.executable, "-c", COMPETITOR], env=env) for _ in range(n)]
-    time.sleep(3.0)  # their torch import done, their threads busy
+@dataclass(frozen=True)
+class Load:
+    kind: str  # "idle", "python" or "matmul"
+    competitors: int
+
+    @property
+    def label(self) -> str:
+        return "alone" if self.competitors == 0 else f"{self.competitors} x {self.kind}"
+
+    def competitor_threads(self, cores: int) -> int:
+        return self.competitors * (1 if self.kind == "python" else cores)
+
+
+def fair_share(cores: int, competitor_threads: int) -> float:
+    """The part of its quiet speed a run of ``cores`` threads is owed beside ``competitor_threads`` busy
+    threads: its threads' equal slice of the cores."""
+    return min(1.0, cores / (cores + competitor_threads))
+
+
+def loads(max_competitors: int) -> list[Load]:
+    return [Load("idle", 0)] + [Load(k, n) for n in range(1, max_competitors + 1) for k in COMPETITORS]
+
+
+@dataclass(frozen=True)
+class Row:
+    load: Load
+    setup: str
+    tokens_per_s: float
+    fair: float  # fair share of the fixed run's speed alone
+    of_fair: float  # tokens/s as a fraction of that share
+    vs_before: float  # tokens/s against the fixed run's under the same load
+
+
+def share_rows(rates: dict[tuple[Load, str], float], cores: int) -> list[Row]:
+    """One row per (load, setup), from the median tokens/s of each: the fraction of its fair share and
+    against the fixed run under the same load."""
+    alone = rates[(Load("idle", 0), BEFORE)]
+    rows = []
+    for load, setup in rates:
+        fair = fair_share(cores, load.competitor_threads(cores))
+        rate = rates[(load, setup)]
+        rows.append(Row(load, setup, rate, fair, rate / (alone * fair), rate / rates[(load, BEFORE)]))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    lines = [
+        "| machine | threads | tokens/s | fair share | of fair share | vs fixed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        shares = f"{r.fair:.2f} | {r.of_fair:.2f} | {r.vs_before:.2f}x"
+        cells = [r.load.label, r.setup, f"{r.tokens_per_s:,.0f}", shares]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def verdicts(rows: list[Row]) -> list[str]:
+    """The must-show, checked on the tuned rows: each line says what held and by how much."""
+    out = []
+    for r in rows:
+        if r.setup != TUNED:
+            continue
+        if r.load.competitors == 0:
+            ok = r.vs_before >= KEPT_ALONE
+            verdict = "ok" if ok else "FAIL"
+            out.append(f"{verdict}: alone, auto keeps {r.vs_before:.2f} of the fixed run's speed (>= {KEPT_ALONE})")
+        else:
+            ok = r.of_fair >= HELD_WITH_COMPETITORS
+            out.append(
+                f"{'ok' if ok else 'FAIL'}: beside {r.load.label}, auto holds {r.of_fair:.2f} of its fair share "
+                f"(>= {HELD_WITH_COMPETITORS})"
+            )
+    return out
+
+
+def start_competitors(load: Load) -> list[subprocess.Popen]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
+    procs = [subprocess.Popen([sys.executable, "-c", COMPETITORS[load.kind]], env=env) for _ in range(load.competitors)]
+    if procs:
+        time.sleep(3.0)  # their torch import done, their threads busy
     return procs
 
 
@@ -42,37 +136,37 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=12, help="steady-state steps timed per measurement")
-    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of all conditions")
-    p.add_argument("--competitors", type=int, default=1, help="busy PyTorch processes beside the run")
+    p.add_argument("--steps", type=int, default=16, help="steady-state steps timed per measurement")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds of all conditions")
+    p.add_argument("--max-competitors", type=int, default=2, help="competitors of each kind: 0 up to this many")
+    p.add_argument("--warm", type=int, default=WARM_STEPS, help="steps left out of each rate")
+    p.add_argument("--quick", action="store_true", help="alone and 1 competitor of each kind, 6 steps")
     p.add_argument("overrides", nargs="*", help="train.py overrides (default: the README's run)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.rounds, args.max_competitors = 6, 1, 1
 
-    base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    policies = {"spin (OMP_WAIT_POLICY unset)": {**base}, "passive": {**base, "OMP_WAIT_POLICY": "PASSIVE"}}
-    conditions = [(load, policy) for load in ("idle", "busy") for policy in policies]
-    rates: dict[tuple[str, str], list[float]] = {c: [] for c in conditions}
+    cores = os.cpu_count() or 1
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
+    env.update(WANDB_MODE="disabled", PYTHONPATH=str(REPO))
+    conditions = [(load, setup) for load in loads(args.max_competitors) for setup in SETUPS]
+    measured: dict[tuple[Load, str], list[float]] = {c: [] for c in conditions}
     for r in range(args.rounds):
         for i in range(len(conditions)):
-            load, policy = conditions[(i + r) % len(conditions)]
-            competitors = start_competitors(args.competitors) if load == "busy" else []
+            load, setup = conditions[(i + r) % len(conditions)]
+            competitors = start_competitors(load)
             try:
-                env = {**policies[policy], "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
-                rate = probe_rate(["logger=csv", *args.overrides], args.steps, env=env, warm=3)
+                overrides = ["logger=csv", SETUPS[setup], *args.overrides]
+                rate = probe_rate(overrides, args.steps, env=env, warm=args.warm)
             finally:
                 stop(competitors)
-            rates[(load, policy)].append(rate.tokens_per_s)
-            print(f"round {r}: {load:<4} {policy:<28} {rate.tokens_per_s:8,.0f} tokens/s", flush=True)
+            measured[(load, setup)].append(rate.tokens_per_s)
+            print(f"round {r}: {load.label:<12} {setup:<16} {rate.tokens_per_s:8,.0f} tokens/s", flush=True)
 
-    reference = statistics.median(rates[("idle", next(iter(policies)))])
-    print(f"\ndefault run, {args.steps} steady steps, {args.rounds} rounds, {args.competitors} competitor(s) when busy")
-    print(f"{'machine':<6} {'wait policy':<28} {'tokens/s':>10} {'vs idle spin':>13}")
-    for load, policy in conditions:
-        median = statistics.median(rates[(load, policy)])
-        print(f"{load:<6} {policy:<28} {median:>10,.0f} {median / reference:>12.2f}x")
-    for load in ("idle", "busy"):
-        spin, passive = (statistics.median(rates[(load, q)]) for q in policies)
-        print(f"passive / spin, {load}: {passive / spin:.2f}x")
+    rows = share_rows({c: statistics.median(v) for c, v in measured.items()}, cores)
+    print(f"\ndefault run, {cores} cores, {args.steps} steady steps after {args.warm}, {args.rounds} round(s)")
+    print(format_table(rows))
+    print("\n".join(verdicts(rows)))
     return 0
 
 

@@ -196,29 +196,30 @@ def _set_torch_threads(threads: int) -> None:
 
 class LoopThreadTuner:
     """A ``ThreadTuner`` around any loop of similar steps (evaluation batches, harness requests):
-    ``with tuner.timed_step(work=tokens): ...`` times the body and sets the count for the next one. The
-    thread count the process had is put back by ``restore()``."""
+    ``with tuner.timed_step(work=tokens): ...`` times the body and sets the count for the next one;
+    ``restore()`` puts back the count the process had. Disabled, it times and changes nothing."""
 
-    def __init__(self, plan: TuningPlan = TuningPlan(), cores: Optional[int] = None):
+    def __init__(self, plan: TuningPlan = TuningPlan(), enabled: bool = True):
         import torch
 
         self._initial = torch.get_num_threads()
-        self.tuner = ThreadTuner(cores or self._initial, plan)
-        if self.tuner.threads != self._initial:
-            self.tuner.apply(self.tuner.threads)
+        self.tuner: Optional[ThreadTuner] = ThreadTuner(self._initial, plan) if enabled else None
 
     @contextlib.contextmanager
     def timed_step(self, work: float = 1.0) -> Iterator[None]:
         started = time.perf_counter()
         yield
-        self.tuner.record((time.perf_counter() - started) / max(work, 1e-12))
+        if self.tuner is not None:
+            self.tuner.record((time.perf_counter() - started) / max(work, 1e-12))
 
     def restore(self) -> None:
-        import torch
+        if self.tuner is not None:
+            _set_torch_threads(self._initial)
 
-        torch.set_num_threads(self._initial)
 
+def cpu_thread_tuner(device: Any = "cpu", plan: TuningPlan = TuningPlan(hold_steps=100)) -> LoopThreadTuner:
+    """A tuner for an evaluation loop on ``device``: tuning this process's threads (up to its count now)
+    on a CPU, inert on a GPU."""
+    import torch
 
-def cpu_thread_tuner(plan: TuningPlan = TuningPlan(hold_steps=100)) -> LoopThreadTuner:
-    """A tuner for a CPU evaluation loop on this process's cores (``torch.get_num_threads()`` now)."""
-    return LoopThreadTuner(plan)
+    return LoopThreadTuner(plan, enabled=torch.device(device).type == "cpu")

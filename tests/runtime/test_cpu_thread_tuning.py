@@ -107,3 +107,28 @@ def test_an_unknown_mode_is_refused_naming_the_key():
     assert compose_root("trainer.cpu_threads=fixed").trainer.cpu_threads == "fixed"
     with pytest.raises(ConfigError, match=r"trainer\.cpu_threads: 'many' is not allowed; choose one of auto, fixed"):
         compose_root("trainer.cpu_threads=many")
+
+
+def test_loop_tuner_switches_on_cpu_puts_the_count_back_and_stays_off_on_gpu():
+    import torch
+
+    from runtime.cpu_thread_tuning import cpu_thread_tuner
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        tuner = cpu_thread_tuner("cpu", TuningPlan(warm_steps=0, settle_steps=0, probe_steps=1, hold_steps=1))
+        used = []
+        for _ in range(4):
+            used.append(torch.get_num_threads())
+            with tuner.timed_step(work=10):
+                pass
+        assert set(used) == {1, 2}  # it probed both counts on the process's threads
+        tuner.restore()
+        assert torch.get_num_threads() == 2
+        off = cpu_thread_tuner("cuda")
+        with off.timed_step():
+            pass
+        assert off.tuner is None and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

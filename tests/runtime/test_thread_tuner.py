@@ -1,5 +1,5 @@
-"""A run whose thread count changes while it trains gives the same losses, bit for bit, as runs that keep
-one count: the tuner may choose anything. The tuner here probes every step (one timed step per count,
+"""A run whose thread count changes while it trains gives the same losses, bit for bit, as a run that keeps
+its count: the tuner may choose anything. The tuner here probes every step (one timed step per count,
 held one step), so the count alternates between 2 and 1 whatever the timings say."""
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ def counts_set_during(monkeypatch) -> list[int]:
 def assert_switching_changes_nothing(train_run, monkeypatch, tmp_path, overrides: list[str]) -> None:
     common = [*overrides, *STEPS, "logger=csv", "trainer.cpu_threads=fixed"]
     two = train_run(*common, f"output_root={tmp_path / 'two'}", threads=2).losses
-    one = train_run(*common, f"output_root={tmp_path / 'one'}", threads=1).losses
     seen = counts_set_during(monkeypatch)
     switched = train_run(*common, SWITCHING, f"output_root={tmp_path / 'switched'}", threads=2)
     # the run started on 2 threads, was switched to 1 and back to 2 while it trained
     assert seen[0] == 2 and 1 in seen and 2 in seen[seen.index(1) :], seen
     assert sorted(switched.losses) == list(range(8))
-    assert switched.losses == two == one
+    assert switched.losses == two
     assert "cpu threads:" in switched.stdout  # each decision is printed
 
 
