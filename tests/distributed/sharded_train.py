@@ -1,8 +1,6 @@
 """``python -m tests.distributed.sharded_train [overrides]``: ``train.py`` as a sharded run's test sees it (a
 test harness, not an option).
 
-* The gradient norm the training module logs is ``runtime/grad_norm.py``'s, which handles gradients on the
-  two meshes of an expert-parallel run (``torch.nn.utils.get_total_norm`` refuses them).
 * ``SaveRouterBiases`` (``+callbacks.biases={_target_:tests.distributed.sharded_train.SaveRouterBiases,
   path:FILE}``) writes every router's selection bias at the end of training, from rank 0.
 * ``ExpertGradNorm`` (``+callbacks.expert_grad_norm={_target_:tests.distributed.sharded_train.ExpertGradNorm}``)
@@ -81,10 +79,6 @@ def _plant(defect: str) -> None:
 
 
 def main() -> None:
-    import runtime.lit_module as lit_module
-    from runtime.grad_norm import total_grad_norm
-
-    lit_module.total_grad_norm = total_grad_norm
     _plant(os.environ.get("PLANTED_DEFECT", ""))
     from runtime.train_command import main as train_main
 

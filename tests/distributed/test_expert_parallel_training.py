@@ -1,7 +1,7 @@
 """``trainer.expert_parallel`` trains k3_tiny (MTP, Stable LatentMoE, QB, Muon) as one process does.
 
-Runs of 20 steps, all through ``tests.distributed.sharded_train`` (train.py with the gradient norm of
-runtime/grad_norm.py, and the routers' final biases written out): one process; DDP on 4 ranks, whose distance
+Runs of 20 steps, all through ``tests.distributed.sharded_train`` (train.py with the experts' own gradient
+norm logged and the routers' final biases written out): one process; DDP on 4 ranks, whose distance
 from one process is the floor (the rounding of splitting the batch four ways and adding partial gradients);
 FSDP2 with expert parallelism at (devices, expert_parallel) = (4, 2), (2, 2) and (4, 4). Each must stay
 within five times the floor (plus 1e-6) in its losses, MTP loss, gradient norms, MaxVio and final QB
@@ -15,8 +15,7 @@ Statistics over the expert-parallel group only: MaxVio mean off by 0.41, biases 
 Five times: rounding grows from step to step, so one run's floor bounds another's within a few times (up to
 3.5 times measured on the FSDP2 runs without expert parallelism, tests/distributed/test_fsdp2_mtp.py), while
 the defects sit 18 times (MaxVio, biases) and 8,000 times (expert grad norm) beyond it. Gradient clipping is
-off: Lightning's clipping of sharded gradients cannot take two meshes (runtime/grad_norm.py clips them, where
-the training step calls it).
+off, as when these floors were measured (clipped, a norm's rounding would also scale every gradient).
 """
 
 from __future__ import annotations
