@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from analysis import recall
+from analysis import depth_weights, recall, wandb_source, wandb_workspace
+from analysis.evaluate import HARNESS_FILE, RESULTS_FILE, length_summary, task_summary
 from analysis.plotting import pyplot
 from components.data.metrics import LOSS, MetricContract
 from runtime.cli import new_output_path
@@ -105,8 +106,6 @@ def _load_run(run_dir: Path, varied: Optional[dict[str, str]] = None) -> Run:
 def read_evaluations(run_dir: Path) -> dict[str, float]:
     """``analysis.evaluate``'s results in a run folder, keyed as in the run's W&B summary without the
     ``eval/`` prefix: ``length_<L>/loss``, ``length_<L>/bpb``, ``<task>/<metric>``."""
-    from analysis.evaluate import HARNESS_FILE, RESULTS_FILE, length_summary, task_summary
-
     out: dict[str, float] = {}
     lengths, harness = run_dir / "eval" / RESULTS_FILE, run_dir / "eval" / HARNESS_FILE
     if lengths.is_file():
@@ -165,8 +164,6 @@ def plot_lengths(runs: list[Run], out: Path) -> Optional[Path]:
 def collect(paths: list[str], wandb_api: Any = None) -> list[Run]:
     """Runs of every path (sweep folder, run folder, W&B offline run directory or online W&B
     project/group), in order."""
-    from analysis import wandb_source
-
     runs: list[Run] = []
     for path in paths:
         if wandb_source.is_wandb_path(path) or wandb_source.is_offline_path(path):
@@ -338,18 +335,17 @@ def plot_maxvio(runs: list[Run], out: Path) -> Optional[Path]:
 
 
 def plot_depth(runs: list[Run], out: Path) -> list[Path]:
-    from analysis.depth_weights import load, plot
-
     paths = []
     for i, r in enumerate(runs):
         if r.run_dir is not None and (r.run_dir / "depth_weights.json").exists():
-            history = load(str(r.run_dir))
+            history = depth_weights.load(str(r.run_dir))
             if history:
                 slug = "".join(
                     c if c.isalnum() or c in "._-" else "_" for c in r.label.replace(", ", "_").replace("=", "-")
                 )[:80]
                 path = out / f"depth_{i}_{slug}.png"  # index first: labels of different runs may coincide
-                plot(history[-1], str(path), title=f"depth weights: {r.label}, step {history[-1]['step']}")
+                title = f"depth weights: {r.label}, step {history[-1]['step']}"
+                depth_weights.plot(history[-1], str(path), title=title)
                 paths.append(path)
     return paths
 
@@ -376,8 +372,6 @@ def write_html(out: Path, tables: list[tuple[str, list[str], list[list[Any]]]], 
 
 def study_group(paths: list[str]) -> Optional[str]:
     """The W&B group of a study given as one sweep folder (``sweep-<folder>``) or one W&B group; else None."""
-    from analysis import wandb_source
-
     if len(paths) != 1:
         return None
     if wandb_source.is_wandb_path(paths[0]):
@@ -391,8 +385,6 @@ def write_workspace(
 ) -> dict[str, Any]:
     """The study's W&B workspace definition written to ``path`` (analysis/wandb_workspace.py); saved to the
     server with ``save`` where credentials allow."""
-    from analysis import wandb_workspace
-
     varied = list(dict.fromkeys(k for r in runs for k in r.varied))
     name = "study " + ", ".join(Path(p.rstrip("/")).name for p in paths)
     workspace = wandb_workspace.study_workspace(name[:120], varied, entity, project, study_group(paths))
@@ -479,7 +471,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     workspace = None
     if args.wandb_workspace:
         try:
-            import wandb_workspaces  # noqa: F401
+            import wandb_workspaces  # optional: the wandb-workspaces extra  # noqa: F401
         except ImportError:
             p.error("--wandb-workspace needs the wandb-workspaces package: pip install -e '.[wandb-workspaces]'")
         workspace = dict(

@@ -47,10 +47,10 @@ def matrix(entry: dict[str, Any]) -> tuple[np.ndarray, list[str], list[str]]:
 
 
 def plot(entry: dict[str, Any], out: str, title: Optional[str] = None) -> str:
-    import matplotlib
+    import matplotlib  # start-up time: matplotlib, only when a plot is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # start-up time: matplotlib, only when a plot is drawn
 
     values, row_labels, src_labels = matrix(entry)
     n_rows, n_cols = values.shape

@@ -36,9 +36,14 @@ from typing import Any, Optional
 
 import torch
 
+from analysis.plotting import pyplot
 from components.data.base import NoValidationStream, TokenDataset
+from components.nn.segments import Segments
 from components.objective import IGNORE_INDEX, document_segments, token_losses
+from components.registry import DATASETS
 from runtime.cli import finite_float, int_at_least, new_output_path, torch_device
+from runtime.load_run import RunLoadError, load_run
+from runtime.loggers import _wandb_settings, wandb_mode
 
 RESULTS_FILE = "lengths.json"
 HARNESS_FILE = "harness.json"
@@ -115,8 +120,6 @@ def positions_in_context(x: torch.Tensor, eod_id: Optional[int]) -> torch.Tensor
     t = torch.arange(T, device=x.device).expand_as(x)
     if eod_id is None:
         return t
-    from components.nn.segments import Segments
-
     starts = torch.where(Segments.from_eod(x, eod_id).starts, t, torch.zeros_like(t))
     return t - starts.cummax(dim=1).values
 
@@ -181,12 +184,10 @@ def log_to_wandb(run_dir: Path, root: Any, metrics: dict[str, float]) -> Optiona
     info = json.loads(info_path.read_text()) if info_path.is_file() else {}
     if not info.get("wandb_id"):
         return None
-    from runtime.loggers import _wandb_settings, wandb_mode
-
     mode = wandb_mode(root.logger.mode)
     if mode == "disabled":
         return None
-    import wandb
+    import wandb  # start-up time: wandb, only for runs W&B recorded
 
     run = wandb.init(
         id=info["wandb_id"],
@@ -208,8 +209,6 @@ def log_to_wandb(run_dir: Path, root: Any, metrics: dict[str, float]) -> Optiona
 
 
 def plot_lengths(results: list[dict[str, Any]], path: Path, title: str) -> None:
-    from analysis.plotting import pyplot
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
     for r in results:
@@ -230,9 +229,6 @@ def plot_lengths(results: list[dict[str, Any]], path: Path, title: str) -> None:
 def evaluate_lengths(
     run: str, spec: str, tokens: int, batch_tokens: int, device: str, out: Optional[str]
 ) -> dict[str, Any]:
-    from components.registry import DATASETS
-    from runtime.load_run import load_run
-
     out_dir = results_folder(run, out)
     root, model = load_run(run, device=device)
     try:
@@ -309,10 +305,10 @@ def evaluate_tasks(
 ) -> dict[str, Any]:
     """The harness's tasks on the run; returns ``{task: {metric: value}}`` and writes ``eval/harness.json``."""
     try:
-        import lm_eval
+        import lm_eval  # optional: the eval extra
     except ImportError:
         raise EvaluationError("--tasks needs the lm-evaluation-harness: pip install -e '.[eval]'") from None
-    from analysis.harness import HarnessArgumentError, K3HarnessModel, task_manager
+    from analysis.harness import HarnessArgumentError, K3HarnessModel, task_manager  # optional: the eval extra
 
     out_dir = results_folder(run, out)
     try:
@@ -375,8 +371,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--device", type=torch_device, default="cpu")
     p.add_argument("--out", type=new_output_path, default=None, help="results folder (default: <run folder>/eval)")
     args = p.parse_args(argv)
-    from runtime.load_run import RunLoadError
-
     try:
         if not os.path.exists(args.run):
             raise EvaluationError(f"{args.run}: no such run folder, checkpoint or exported folder")

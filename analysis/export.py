@@ -35,10 +35,16 @@ from pathlib import Path
 import torch
 
 from components.atomic_folder import clear_stale, put_in_place, staging_path
+from components.hf.export_folder import write_model_folder
+from components.hf.key_map import PREFIXES
 from components.hf.safetensors_files import CheckpointError
+from components.hf.weights_folder import WeightsMismatch, check_weights
+from components.model import Decoder
 from components.registry import ConfigError
 from runtime.cli import ToolError, finite_float, new_output_path, reports_errors
-from runtime.load_run import RunLoadError
+from runtime.compose import compose_root
+from runtime.config import to_container
+from runtime.load_run import NoTokenizerError, RunLoadError, load_run, load_tokenizer
 
 PROG = "python -m analysis.export"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -56,11 +62,6 @@ def check_out(out: str) -> None:
 
 
 def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: float, mxfp4_experts: bool) -> int:
-    from components.hf.export_folder import write_model_folder
-    from components.hf.key_map import PREFIXES
-    from runtime.config import to_container
-    from runtime.load_run import NoTokenizerError, load_run, load_tokenizer
-
     check_out(out)
     root, model = load_run(run)  # verified completely (headers, sizes, shapes) before anything is written
     target = Path(os.path.abspath(out))
@@ -100,10 +101,6 @@ def export(run: str, out: str, prefix: str, dtype: str | None, max_shard_gb: flo
 
 
 def check_only(folder: str, overrides: list[str]) -> int:
-    from components.hf.weights_folder import WeightsMismatch, check_weights
-    from components.model import Decoder
-    from runtime.compose import compose_root
-
     t0 = time.perf_counter()
     root = compose_root(overrides or ["experiment=k3_full"])  # ConfigError naming the key: exit 2
     with torch.device("meta"):

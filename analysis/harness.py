@@ -19,18 +19,21 @@ pass sees: longer contexts keep their end. Needs the ``eval`` extra (``pip insta
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from typing import Any, Optional
 
 import lm_eval.models  # noqa: F401  (the harness's own models, hf among them: its registry lists them only while empty)
 import torch
+from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
+from lm_eval.utils import simple_parse_args_string
 
 from analysis.loglikelihood import continuation_logprobs, rolling_logprob
 from components.sampling import generate
-from runtime.load_run import load_run, load_tokenizer
+from runtime.load_run import RunLoadError, load_run, load_tokenizer
 
 MODEL_NAME = "k3"
 
@@ -68,8 +71,6 @@ class K3HarnessModel(TemplateLM):
     def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None) -> "K3HarnessModel":
         """``--model_args`` with the harness's own ``--device`` / ``--batch_size`` filling only what they
         leave out (the harness passes both always, so ``run=R,device=cpu`` would otherwise clash)."""
-        from lm_eval.utils import simple_parse_args_string
-
         return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     @classmethod
@@ -182,7 +183,7 @@ def checked_sizes(max_length: Any, batch_size: Any) -> tuple[Optional[int], Any]
 def task_manager(tasks: list[str], include_path: Optional[str] = None):
     """The harness's TaskManager holding every task of ``tasks``; HarnessArgumentError naming those it
     does not know (before any model is loaded)."""
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # start-up time: datasets and the task index, only when tasks run
 
     if include_path is not None and not os.path.isdir(include_path):
         raise HarnessArgumentError(f"--include-path {include_path}: no such folder")
@@ -203,7 +204,7 @@ def _register_transformers_classes() -> None:
     """The project's transformers classes registered, so the harness's own ``--model hf`` opens every
     export (``components/hf/transformers_model.py``); nothing without transformers installed."""
     try:
-        import components.hf.transformers_model  # noqa: F401
+        import components.hf.transformers_model  # optional: the hf extra (transformers)  # noqa: F401
     except ImportError:
         pass
 
@@ -211,12 +212,6 @@ def _register_transformers_classes() -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     """The harness's own command line, with ``k3`` registered; the k3 model's sizes and the tasks are
     checked first (in that order), before the harness starts and the run loads."""
-    import argparse
-
-    from lm_eval.__main__ import cli_evaluate
-
-    from runtime.load_run import RunLoadError
-
     argv = sys.argv[1:] if argv is None else argv
     _register_transformers_classes()
     known = argparse.ArgumentParser(add_help=False)
@@ -228,8 +223,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if asked.model == MODEL_NAME and asked.model_args:
             # before the harness indexes its built-in tasks (about ten seconds), not when it builds the model
-            from lm_eval.utils import simple_parse_args_string
-
             given = simple_parse_args_string(asked.model_args)
             checked_sizes(given.get("max_length"), given.get("batch_size", 8))
         if asked.tasks and asked.tasks not in ("list", "list_groups", "list_tags", "list_subtasks"):

@@ -254,7 +254,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 def _plain_log_axis(axis) -> None:
     """Tick labels of a log axis as plain numbers (2.4, not 2.4 x 10^0): loss and multiplier ranges span
     less than a decade."""
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter  # start-up time: matplotlib, only when a plot is drawn
 
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))

@@ -33,6 +33,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from analysis.ladder_report import ladder_csv, read_rows
 from analysis.scaling_fit import (
     BASELINE_BETTER,
     MAX_FAILED_REPLICATES,
@@ -45,6 +46,7 @@ from analysis.scaling_fit import (
     seed_order,
     t_widening,
 )
+from runtime.cli import ToolError, finite_float, int_at_least, new_output_path, reports_errors
 
 LOCAL_FILE = "local.csv"
 
@@ -210,8 +212,6 @@ def _gap(base_means: np.ndarray, variant_mean: float, log_compute: np.ndarray, l
 # -- the tool --------------------------------------------------------------------------------------------
 def read_local(source: str, metric: str = "val_bpb") -> tuple[str, Ladder]:
     """The decision and the local comparison's runs from a local table (the ladder table's columns)."""
-    from analysis.ladder_report import ladder_csv, read_rows
-
     path = Path(source)
     if path.is_dir():
         path = path / LOCAL_FILE
@@ -253,8 +253,6 @@ def markdown(decision: str, metric: str, result: LocalMultiplier, ladder: Ladder
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from runtime.cli import ToolError, finite_float, int_at_least, new_output_path, reports_errors
-
     @reports_errors("analysis.local_multiplier", ValueError)
     def run(argv):
         p = argparse.ArgumentParser(prog="analysis.local_multiplier", description=__doc__.splitlines()[0])

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 def pyplot():
     """`matplotlib.pyplot` on the Agg backend, so plots render on machines without a display."""
-    import matplotlib
+    import matplotlib  # start-up time: matplotlib, only when a plot is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # start-up time: matplotlib, only when a plot is drawn
 
     return plt

@@ -35,7 +35,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from analysis.plotting import pyplot
 from analysis.scaling_fit import ARMS, seed_order
+from runtime.cli import ToolError, finite_float, new_output_path, reports_errors
 
 SENSITIVITY_FILE = "sensitivity.csv"
 COLORS = {"baseline": "#1f77b4", "variant": "#d62728"}
@@ -83,8 +85,6 @@ def sensitivity(losses: np.ndarray, cap: float) -> float:
 
 
 def read_table(path: Path) -> tuple[str, list[dict[str, Any]]]:
-    from runtime.cli import ToolError
-
     try:
         with open(path, newline="") as f:
             raw = list(csv.DictReader(f))
@@ -165,8 +165,6 @@ def markdown(decision: str, result: dict[str, Any]) -> str:
 
 
 def plot(decision: str, result: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> None:
-    from analysis.plotting import pyplot
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
     rates = result["rates"]
@@ -189,8 +187,6 @@ def plot(decision: str, result: dict[str, Any], rows: list[dict[str, Any]], path
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from runtime.cli import ToolError, finite_float, new_output_path, reports_errors
-
     @reports_errors("analysis.rate_sensitivity_report")
     def run(argv):
         p = argparse.ArgumentParser(prog="analysis.rate_sensitivity_report", description=__doc__.splitlines()[0])

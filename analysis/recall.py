@@ -20,6 +20,8 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from analysis.plotting import pyplot
+
 SEGMENT = re.compile(r"^accuracy/T(\d+)_P(\d+)$")
 WIDTH_KEY = "model.d_model"
 TUNED_KEYS = ("optimizer.lr",)  # searched over, not compared: a point is shown at its best value
@@ -117,8 +119,6 @@ def _panels(plt: Any, n: int) -> tuple[Any, list[Any]]:
 
 def plot(runs: list[Any], out: Path, x_of: str) -> Optional[Path]:
     """``x_of``: "width" (recall_width.png) or "state" (recall_state.png)."""
-    from analysis.plotting import pyplot
-
     segs = segments(runs)
     if not segs:
         return None

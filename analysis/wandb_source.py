@@ -18,6 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from runtime.wandb_offline import is_offline_run, read_folder, runs_in, segments
+
 PREFIX = "wandb:"
 # the summary.json fields the W&B summary of runs from before the whole record held
 _OLD_SUMMARY_FIELDS = ("steps", "train_tokens", "tokens_per_s", "params", "active_params", "d_model", "metric")
@@ -103,16 +105,12 @@ def varied_of(config: dict[str, Any], tags: Iterable[str]) -> dict[str, str]:
 
 def is_offline_path(path: str) -> bool:
     """A W&B offline run folder, or a ``wandb`` folder holding some (a run folder's)."""
-    from runtime.wandb_offline import is_offline_run, segments
-
     p = Path(path)
     return is_offline_run(p) or (p.is_dir() and p.name == "wandb" and bool(segments(p)))
 
 
 def read_offline(path: str) -> list[tuple[str, dict[str, str], dict[str, Any], list[dict[str, Any]]]]:
     """(run id, varied options, summary, history records) of every finished offline run at ``path``."""
-    from runtime.wandb_offline import is_offline_run, read_folder, runs_in
-
     p = Path(path)
     runs = [read_folder(p)] if is_offline_run(p) else runs_in(p)
     out = []
@@ -128,7 +126,7 @@ def read_offline(path: str) -> list[tuple[str, dict[str, str], dict[str, Any], l
 def fetch_runs(path: str, api: Any = None) -> list[tuple[str, dict[str, str], dict[str, Any], list[dict[str, Any]]]]:
     """(run id, varied options, summary, history records) of every finished run under ``path``."""
     if api is None:
-        import wandb
+        import wandb  # start-up time: wandb, only for online W&B sources
 
         api = wandb.Api()
     project, group = parse_path(path)

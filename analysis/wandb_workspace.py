@@ -25,6 +25,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from runtime.loggers import wandb_credentials_present
+
 COMPUTE_AXES = (("perf/tokens", "tokens"), ("perf/flops", "training FLOPs"))
 VALIDATION = ("val/loss", "val/bpb")
 MAXVIO = "balance/maxvio/layer_.*"
@@ -44,8 +46,8 @@ def study_workspace(
     name: str, varied_keys: list[str], entity: str, project: str, sweep_group: Optional[str] = None
 ) -> Any:
     """The W&B workspace of a study whose runs vary ``varied_keys`` (``wandb_workspaces.workspaces.Workspace``)."""
-    import wandb_workspaces.reports.v2 as wr
-    import wandb_workspaces.workspaces as ws
+    import wandb_workspaces.reports.v2 as wr  # optional: the wandb-workspaces extra
+    import wandb_workspaces.workspaces as ws  # optional: the wandb-workspaces extra
 
     keys = group_keys(varied_keys)
     panel_group = {"groupby": wr.Config(keys[0])} if len(keys) == 1 else {}
@@ -100,8 +102,6 @@ def write_definition(workspace: Any, path: Path) -> Path:
 
 def save(workspace: Any) -> Optional[str]:
     """Saves the view to the W&B server when credentials are there; its URL, or None (with the reason printed)."""
-    from runtime.loggers import wandb_credentials_present
-
     if not wandb_credentials_present():
         print("W&B workspace not saved: no W&B credentials (WANDB_API_KEY or ~/.netrc); the definition is written")
         return None
