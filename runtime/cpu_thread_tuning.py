@@ -92,7 +92,8 @@ class ThreadTuner:
         self.plan = plan
         self.candidates = candidate_threads(cores)
         self.apply = apply or _set_torch_threads
-        self.threads = max(self.candidates)
+        self.ceiling = max(self.candidates)  # the count the tuner started on: never more
+        self.threads = self.ceiling
         self.step = 0
         self.decisions: list[Decision] = []
         self.probes = 0  # probes started

@@ -28,7 +28,8 @@ class CpuThreadTuner(L.Callback):
         self.apply = apply  # tests force switches through it; None: torch.set_num_threads
         self.tuner: Optional[ThreadTuner] = None  # made at the start of training, on the count it starts with
         self._started = 0.0
-        self._reported = 0  # decisions printed and logged so far
+        self._reported = 0  # decisions printed so far
+        self._inductor_threads: Optional[int] = None  # torch.compile's CPU thread setting before the run
 
     @classmethod
     def for_run(cls, trainer_config: Any) -> "CpuThreadTuner":
@@ -38,6 +39,24 @@ class CpuThreadTuner(L.Callback):
         on_cpu = t.accelerator == "cpu" or (t.accelerator == "auto" and not torch.cuda.is_available())
         one_process = t.devices in (1, "auto") and t.num_nodes == 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1
         return cls(enabled=t.cpu_threads == "auto" and on_cpu and one_process)
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if not self.enabled:
+            return
+        # torch.compile's CPU kernels size their parallel reductions (a partial sum per thread) by the count
+        # in use when they run; pinned to the starting count they split every sum the same way whatever
+        # the tuner sets (eager kernels and matrix products split work, not sums, and follow the tuner)
+        import torch._inductor.config as inductor
+
+        self._inductor_threads = inductor.cpp.threads
+        inductor.cpp.threads = torch.get_num_threads()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self.enabled and self._inductor_threads is not None:
+            import torch._inductor.config as inductor
+
+            inductor.cpp.threads = self._inductor_threads
+            self._inductor_threads = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if not self.enabled:
@@ -56,6 +75,21 @@ class CpuThreadTuner(L.Callback):
             decision = self.tuner.decisions[-1]
             if trainer.is_global_zero:
                 print(decision.describe(), flush=True)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        # validation runs on the run's starting count, as a fixed run's does: a graph compiled for it
+        # while the tuner had fewer threads would be generated for that count and split its sums by it
+        self._use(self.tuner.ceiling if self.tuner else None)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._use(self.tuner.threads if self.tuner else None)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._use(self.tuner.ceiling if self.tuner else None)  # the process as the run found it
+
+    def _use(self, threads: Optional[int]) -> None:
+        if self.tuner is not None and threads is not None and torch.get_num_threads() != threads:
+            self.tuner.apply(threads)
 
     def summary(self) -> dict[str, Any]:
         """The run summary's ``cpu_threads`` record: the mode, the wait policy in effect and, from the
