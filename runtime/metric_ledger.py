@@ -4,8 +4,8 @@ A run's loggers (``metrics.jsonl`` and W&B) see the same logging calls in the sa
 from a checkpoint at step C, Lightning repeats the steps between C and the kill, and the final validation
 can repeat the last one of training; the ledger remembers the records already logged (``metrics.jsonl``
 from earlier processes, then this process's) so that every logger drops a repeat and both logs keep
-each step's record exactly once, in order. A record's kind: ``val`` when it holds ``val/`` metrics (the
-validation and its activation probe), else ``train``.
+each step's record exactly once, in order. A record's kind (``record_kind``): a validation's, the
+depth-weight recorder's (logged at the same step), or a training step's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ RecordKey = tuple[int, str]
 
 
 def record_kind(metrics: Iterable[str]) -> str:
-    return "val" if any(k.startswith("val/") for k in metrics) else "train"
+    """``val`` (a validation's record, its activation probe included), ``depth`` (the depth-weight recorder's
+    record of the same validation, logged on its own) or ``train``."""
+    keys = list(metrics)
+    if any(k.startswith("val/") for k in keys):
+        return "val"
+    return "depth" if any(k.startswith("depth/") for k in keys) else "train"
 
 
 def record_key(step: Any, metrics: Mapping[str, Any]) -> RecordKey:

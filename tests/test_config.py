@@ -32,7 +32,19 @@ def test_model_group_option_composes_and_builds(group, option):
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in OTHER_GROUPS for o in group_options(g)])
 def test_other_group_option_composes(group, option):
-    compose_root(*small(f"{group}={option}"))
+    if (group, option) in MODEL_SPECIFIC:
+        compose_root(*MODEL_SPECIFIC[group, option], f"{group}={option}")
+    else:
+        compose_root(*small(f"{group}={option}"))
+
+
+# options made for one model: the K3 preset's expert-parallel mesh splits K3's experts (the default model has none)
+MODEL_SPECIFIC = {("trainer", "slurm_k3"): ["experiment=k3_full", "data.batch_size=896"]}
+
+
+def test_the_k3_preset_refuses_a_model_without_routed_experts():
+    with pytest.raises(ConfigError, match="trainer.expert_parallel"):
+        compose_root(*small("trainer=slurm_k3"))
 
 
 @pytest.mark.parametrize("option", group_options("data"))

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-import sweeps.run_pool
 from analysis.compare import compare
 from runtime.sweep_job import read_index
 from sweeps.run import commands, load_study, main, study_names
-from tests.helpers import start_python
 
 STUDIES = study_names()
 
@@ -93,9 +90,6 @@ def test_every_study_compares_its_points_at_equal_tokens_with_warmup_inside_the_
 
 
 def _smoke(tmp_path: Path, study: str, points: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    # each point's train.py -m process forked from the test server (tests/fork_server.py), as Popen started it
-    forked = SimpleNamespace(Popen=lambda argv, cwd, env: start_python(*argv[1:], env=env, cwd=cwd))
-    monkeypatch.setattr(sweeps.run_pool, "subprocess", forked)
     assert (
         main(
             [study, "--smoke", "--jobs", "2", "--output-root", str(tmp_path), *(["--points", points] if points else [])]

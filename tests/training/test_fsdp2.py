@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from runtime.load_run import load_run
-from tests.helpers import REPO, kill_after_microbatch, run_train
-from tests.training.test_train import FAST, _losses, only_run_dir
+from tests.helpers import FAST, REPO, kill_after_microbatch, only_run_dir, run_train
+from tests.helpers import losses_by_step as _losses
 
 FSDP2 = [
     *FAST,

@@ -10,11 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAST, kill_after_microbatch, losses_by_step, only_run_dir, start_train
-
-# still imported from here by tests of other packages; tests.helpers is their home
-_losses = losses_by_step
-__all__ = ["FAST", "_losses", "only_run_dir"]
+from tests.helpers import FAST, kill_after_microbatch, only_run_dir, start_train
+from tests.helpers import losses_by_step as _losses
 
 
 def test_short_run_writes_metrics_checkpoints_and_summary(train_run, tmp_path):
