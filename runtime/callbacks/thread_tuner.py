@@ -18,6 +18,19 @@ import torch
 from runtime.cpu_thread_tuning import ThreadTuner, TuningPlan
 from runtime.cpu_threads import describe_wait_policy
 
+# components whose training steps give the same bits on any thread count, checked by switching the count
+# mid-run (tests/runtime/test_thread_tuner.py); K3-style compositions (KDA, MLA, the latent MoE, MTP) are
+# not: experiment=k3_tiny switched between 1 and 2 threads drifts at step 4 (5.5229349 against 5.5229359)
+THREAD_INVARIANT = {"mixer": {"gqa"}, "ffn": {"dense"}, "residual": {"plain"}, "balancer": {"none"}}
+
+
+def thread_invariant(root: Any) -> bool:
+    """Whether the composition is built only of components known to train the same on any thread count."""
+    for group, names in THREAD_INVARIANT.items():
+        if getattr(getattr(root, group), "name", None) not in names:
+            return False
+    return not root.mixers and not root.ffns and not root.model.mtp_depth
+
 
 class CpuThreadTuner(L.Callback):
     """Tunes when ``enabled``; otherwise only reports the fixed count (``for_run`` decides which)."""
@@ -25,6 +38,7 @@ class CpuThreadTuner(L.Callback):
     def __init__(self, plan: TuningPlan = TuningPlan(), apply: Optional[Any] = None, enabled: bool = True):
         self.plan = plan
         self.enabled = enabled
+        self.requested = "auto" if enabled else "fixed"  # trainer.cpu_threads, when made by for_run
         self.apply = apply  # tests force switches through it; None: torch.set_num_threads
         self.tuner: Optional[ThreadTuner] = None  # made at the start of training, on the count it starts with
         self._started = 0.0
@@ -32,13 +46,16 @@ class CpuThreadTuner(L.Callback):
         self._inductor_threads: Optional[int] = None  # torch.compile's CPU thread setting before the run
 
     @classmethod
-    def for_run(cls, trainer_config: Any) -> "CpuThreadTuner":
-        """Enabled for ``trainer.cpu_threads=auto`` on a one-process CPU run: with several ranks each
-        step waits for the slowest rank, so a rank's own step time says little about its threads."""
-        t = trainer_config
+    def for_run(cls, root: Any) -> "CpuThreadTuner":
+        """Enabled for ``trainer.cpu_threads=auto`` on a one-process CPU run of a composition whose losses
+        are known not to depend on the thread count. With several ranks each step waits for the slowest
+        rank, so a rank's own step time says little about its threads."""
+        t = root.trainer
         on_cpu = t.accelerator == "cpu" or (t.accelerator == "auto" and not torch.cuda.is_available())
         one_process = t.devices in (1, "auto") and t.num_nodes == 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1
-        return cls(enabled=t.cpu_threads == "auto" and on_cpu and one_process)
+        tuner = cls(enabled=t.cpu_threads == "auto" and on_cpu and one_process and thread_invariant(root))
+        tuner.requested = t.cpu_threads
+        return tuner
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if not self.enabled:
@@ -97,6 +114,7 @@ class CpuThreadTuner(L.Callback):
         count."""
         record: dict[str, Any] = {
             "mode": "auto" if self.enabled else "fixed",
+            "requested": self.requested,  # auto, fixed where the run cannot tune (GPU, ranks, composition)
             "wait_policy": describe_wait_policy(os.environ),
             "threads": torch.get_num_threads(),
         }

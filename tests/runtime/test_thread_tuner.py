@@ -4,7 +4,6 @@ held one step), so the count alternates between 2 and 1 whatever the timings say
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from tests.helpers import FAST
@@ -47,7 +46,14 @@ def test_losses_are_bit_identical_when_the_thread_count_changes_mid_run(train_ru
     assert_switching_changes_nothing(train_run, monkeypatch, tmp_path, [*FAST])
 
 
-@pytest.mark.slow
-def test_k3_losses_are_bit_identical_when_the_thread_count_changes_mid_run(train_run, monkeypatch, tmp_path):
-    # KDA, MLA, the latent MoE with its router and multi-token prediction
-    assert_switching_changes_nothing(train_run, monkeypatch, tmp_path, [*FAST, "experiment=k3_tiny"])
+def test_auto_tunes_only_one_process_cpu_runs_of_thread_invariant_compositions():
+    from runtime.callbacks.thread_tuner import CpuThreadTuner
+    from tests.helpers import compose_root
+
+    assert CpuThreadTuner.for_run(compose_root()).enabled  # the default run
+    assert not CpuThreadTuner.for_run(compose_root("trainer.cpu_threads=fixed")).enabled
+    assert not CpuThreadTuner.for_run(compose_root("trainer.devices=2", "trainer.strategy=ddp")).enabled  # CPU ranks
+    assert not CpuThreadTuner.for_run(compose_root("trainer=gpu")).enabled
+    k3 = CpuThreadTuner.for_run(compose_root("experiment=k3_tiny"))  # drifts when switched: not tuned
+    assert not k3.enabled and k3.summary()["requested"] == "auto" and k3.summary()["mode"] == "fixed"
+    assert not CpuThreadTuner.for_run(compose_root("model.mtp_depth=1")).enabled
