@@ -5,9 +5,9 @@ cannot see: alone, every core; beside one busy process, often fewer threads than
 that waits at a barrier for a sibling the scheduler has put aside wastes the whole step. The tuner
 measures instead of guessing: after a few warm steps it runs a few steps at each candidate count, keeps
 the fastest, and probes again after a while, or at once when the kept count's step time drifts (the load
-changed). Thread count does not change results on CPU (every kernel the runs use splits its work, not
-its sums, by thread: tests/runtime/test_thread_tuner.py holds a run with forced switches to one without),
-so the run may switch freely.
+changed). A switch must not change results: the callback tunes only compositions checked to train the
+same bits on any count, with compiled kernels pinned to the starting count (runtime/callbacks/thread_tuner.py;
+tests/runtime/test_thread_tuner.py switches a run mid-way and compares it with one that keeps its count).
 
 ``choose_threads`` is the decision alone (a pure function of timings); ``ThreadTuner`` the schedule around
 it, fed one step time at a time; ``runtime/callbacks/thread_tuner.py`` feeds it a training run's steps and
