@@ -218,9 +218,12 @@ class LoopThreadTuner:
             _set_torch_threads(self._initial)
 
 
-def cpu_thread_tuner(device: Any = "cpu", plan: TuningPlan = TuningPlan(hold_steps=100)) -> LoopThreadTuner:
-    """A tuner for an evaluation loop on ``device``: tuning this process's threads (up to its count now)
-    on a CPU, inert on a GPU."""
+def cpu_thread_tuner(
+    device: Any = "cpu", invariant: bool = True, plan: TuningPlan = TuningPlan(hold_steps=100)
+) -> LoopThreadTuner:
+    """A tuner for an eager evaluation loop on ``device``: tuning this process's threads (up to its count
+    now) on a CPU, inert on a GPU or when the model is not ``invariant`` (pass
+    ``runtime.callbacks.thread_tuner.thread_invariant(root)``: other compositions' sums depend on the count)."""
     import torch
 
-    return LoopThreadTuner(plan, enabled=torch.device(device).type == "cpu")
+    return LoopThreadTuner(plan, enabled=invariant and torch.device(device).type == "cpu")

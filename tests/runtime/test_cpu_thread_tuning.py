@@ -130,5 +130,6 @@ def test_loop_tuner_switches_on_cpu_puts_the_count_back_and_stays_off_on_gpu():
         with off.timed_step():
             pass
         assert off.tuner is None and torch.get_num_threads() == 2
+        assert cpu_thread_tuner("cpu", invariant=False).tuner is None
     finally:
         torch.set_num_threads(threads)
