@@ -117,7 +117,7 @@ def test_loop_tuner_switches_on_cpu_puts_the_count_back_and_stays_off_on_gpu():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        tuner = cpu_thread_tuner("cpu", TuningPlan(warm_steps=0, settle_steps=0, probe_steps=1, hold_steps=1))
+        tuner = cpu_thread_tuner("cpu", plan=TuningPlan(warm_steps=0, settle_steps=0, probe_steps=1, hold_steps=1))
         used = []
         for _ in range(4):
             used.append(torch.get_num_threads())
