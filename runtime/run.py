@@ -31,6 +31,7 @@ from components.layer_plan import describe_plan
 from components.registry import DATASETS
 from runtime.callbacks.depth_weight_recorder import DepthWeights
 from runtime.callbacks.progress import StepProgressBar
+from runtime.callbacks.thread_tuner import CpuThreadTuner
 from runtime.callbacks.throughput import Throughput
 from runtime.callbacks.time_guard import TimeGuard
 from runtime.checkpoints import layout
@@ -150,6 +151,7 @@ class BuiltRun:
     data: TokenDataModule
     trainer: L.Trainer
     throughput: Throughput
+    thread_tuner: CpuThreadTuner
     wandb_logger: Any  # the W&B logger, or None with logger=csv
     run_info: dict[str, Any]  # run.json: the W&B run id and the run's status
     run_name: str
@@ -202,7 +204,9 @@ def build(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]
     resume_id = run_info.get("wandb_id") if ckpt is not None else None
     config_dict = {**to_container(root), **(extra_config or {})}
     loggers, wandb_logger = build_loggers(root, run_dir, run_name, config_dict, resume_id)
-    callbacks = [throughput, DepthWeights(run_dir), *extra_callbacks(root)]
+    # trainer.cpu_threads=auto: a one-process CPU run of a thread-invariant composition keeps the fastest count
+    thread_tuner = CpuThreadTuner.for_run(root)
+    callbacks = [throughput, DepthWeights(run_dir), thread_tuner, *extra_callbacks(root)]
     if root.trainer.enable_progress_bar:
         callbacks.append(StepProgressBar())
     trainer = build_trainer(root, run_dir, callbacks, loggers)
@@ -226,7 +230,9 @@ def build(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]
     run_info.update(status="running", name=run_name)
     if trainer.is_global_zero:
         _write_json(os.path.join(run_dir, "run.json"), run_info)
-    return BuiltRun(root, run_dir, module, data, trainer, throughput, wandb_logger, run_info, run_name, ckpt)
+    return BuiltRun(
+        root, run_dir, module, data, trainer, throughput, thread_tuner, wandb_logger, run_info, run_name, ckpt
+    )
 
 
 def fit(run: BuiltRun) -> None:
@@ -257,6 +263,7 @@ def summary_record(run: BuiltRun, wall_seconds: float) -> dict[str, Any]:
         "active_params": model.active_params(),
         "d_model": root.model.d_model,
         "precision": root.trainer.precision,  # what trainer.precision=auto chose on this machine
+        "cpu_threads": run.thread_tuner.summary(),  # the thread counts trained on, the probes, and why
         "decode_state_numbers": model.decode_state_numbers(),  # analysis.compare's state-size axis
         # parameters by kind, training tokens and FLOPs by part (components/flop_count.py): a scaling fit's x
         "compute": compute_record(model, dataset.seq_len, trained_tokens),
