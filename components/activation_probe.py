@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from components.ffn.base import FFN
+
 
 def _glu_holders(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if callable(getattr(m, "act", None))]
@@ -39,8 +41,6 @@ def _eager() -> Iterator[None]:
 
 def largest_activations(model: Any, input_ids: torch.Tensor, segments: Any = None) -> dict[str, float]:
     """``{"glu_max", "ffn_out_max"}`` over one forward of ``model.hidden_states(input_ids [B, T], segments)``."""
-    from components.ffn.base import FFN
-
     largest = {"glu_max": 0.0, "ffn_out_max": 0.0}
     found: dict[str, list[torch.Tensor]] = {k: [] for k in largest}
 

@@ -132,7 +132,7 @@ class Registry:
 
 
 def _store_schema(group: str, name: str, config_cls: type) -> None:
-    from hydra.core.config_store import ConfigStore
+    from hydra.core.config_store import ConfigStore  # start-up time: hydra, only for the config store
 
     ConfigStore.instance().store(group=group, name=f"{name}_schema", node=config_cls)
 

@@ -17,6 +17,7 @@ import torch
 from components.base import ConfigError
 from components.config import ComponentConfig
 from components.data.metrics import LOSS, ByteAccounting, MetricContract
+from components.data.text.prepared import PreparedFolder, PreparedFolderError
 from components.objective import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -71,8 +72,6 @@ class DatasetConfig(ComponentConfig):
 
 def prepared_tokenizer(folder: Any) -> "TextTokenizer":
     """The tokenizer a prepared folder (``prepare.py``) records; ``NoTextTokenizer`` when it does not open."""
-    from components.data.text.prepared import PreparedFolder, PreparedFolderError
-
     try:
         return PreparedFolder.open(folder).tokenizer
     except PreparedFolderError as err:

@@ -13,6 +13,8 @@ import os
 import struct
 from typing import Iterator, NamedTuple
 
+import safetensors
+import safetensors.torch  # save_file looked up when called: a test fills the disk through it
 import torch
 
 SINGLE = "model.safetensors"
@@ -148,15 +150,13 @@ def tensor_infos(folder: str) -> dict[str, TensorInfo]:
 
 def iter_tensors(folder: str, keys: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """``(key, tensor)`` of a checkpoint folder, shard by shard (all keys, or those asked for)."""
-    from safetensors import safe_open
-
     wmap = weight_map(folder)
     wanted = list(wmap) if keys is None else keys
     by_file: dict[str, list[str]] = {}
     for key in wanted:
         by_file.setdefault(wmap[key], []).append(key)
     for file, file_keys in by_file.items():
-        with safe_open(os.path.join(folder, file), framework="pt") as f:
+        with safetensors.safe_open(os.path.join(folder, file), framework="pt") as f:
             for key in file_keys:
                 yield key, f.get_tensor(key)
 
@@ -167,8 +167,6 @@ def write_checkpoint(
     """Write ``tensors`` into ``folder`` (which must exist and be empty): one ``model.safetensors`` up to
     ``max_shard_bytes``, else shards of at most that size (a larger tensor gets a shard of its own) and
     the index. Returns the files written."""
-    from safetensors.torch import save_file
-
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for key, t in tensors.items():
@@ -184,7 +182,7 @@ def write_checkpoint(
 
     def save(shard: dict[str, torch.Tensor], name: str) -> None:
         path = os.path.join(folder, name)
-        save_file(shard, path, metadata=meta)
+        safetensors.torch.save_file(shard, path, metadata=meta)
         os.chmod(path, 0o666 & ~umask)  # safetensors creates owner-only files; a model folder is for sharing
 
     if len(shards) == 1:

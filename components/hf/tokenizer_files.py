@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Optional
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from components.data.text.tokenizers import EOD_TOKEN, TOKENIZER_FILE, ByteTokenizer, TextTokenizer
 
@@ -29,8 +32,6 @@ GENERATION_CONFIG = "generation_config.json"
 def byte_level_tokenizer():
     """A ``tokenizers.Tokenizer`` equal to ``ByteTokenizer``: bytes 0..255 are ids 0..255 (byte-level
     alphabet, no merges), ``<|endoftext|>`` is 256."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
     alphabet = _byte_alphabet()
     vocab = {alphabet[b]: b for b in range(256)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
@@ -76,8 +77,6 @@ def special_token_ids(tokenizer: TextTokenizer) -> dict[str, int]:
 
 def write_tokenizer_files(folder: str, tokenizer: TextTokenizer, model_max_length: Optional[int] = None) -> list[str]:
     """Write the tokenizer files into ``folder``; returns their names."""
-    from pathlib import Path
-
     written = []
     if tokenizer.save(Path(folder)):
         written.append(TOKENIZER_FILE)

@@ -27,6 +27,7 @@ import os
 from typing import Any, Optional
 
 import torch
+from huggingface_hub import snapshot_download
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -37,11 +38,13 @@ from transformers import (
 )
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
 from components.config_from_dict import decoder_config_from_container
 from components.decode_cache import DecoderCache
 from components.hf.config_json import SANDBOX_KEY
 from components.hf.modeling_file import KIMI_K3_MODEL_TYPE, SANDBOX_MODEL_TYPE, write_modeling_file
+from components.hf.weights_folder import export_weights, import_weights
 from components.model import Decoder
 from components.objective import cross_entropy
 
@@ -196,8 +199,6 @@ class K3SandboxForCausalLM(PreTrainedModel, GenerationMixin):
     ) -> "K3SandboxForCausalLM":
         """The folder's model: its composed config, its weights through the project's own importer
         (``dtype``: "auto" keeps the checkpoint's, a torch dtype casts; ``device_map``: one device)."""
-        from components.hf.weights_folder import import_weights
-
         folder = _local_folder(str(pretrained_model_name_or_path), revision)
         if config is None or not isinstance(config, cls.config_class):
             config = cls.config_class.from_pretrained(folder)
@@ -220,8 +221,6 @@ class K3SandboxForCausalLM(PreTrainedModel, GenerationMixin):
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """The folder ``analysis.export`` would write for this model's weights (text-only prefix)."""
-        from components.hf.weights_folder import export_weights
-
         os.makedirs(save_directory, exist_ok=True)
         export_weights(self.model, str(save_directory))
         self.config.save_pretrained(save_directory)
@@ -239,8 +238,6 @@ class KimiK3SandboxForConditionalGeneration(K3SandboxForCausalLM):
 def _local_folder(name: str, revision: Optional[str]) -> str:
     if os.path.isdir(name):
         return name
-    from huggingface_hub import snapshot_download
-
     return snapshot_download(name, revision=revision)
 
 
@@ -259,8 +256,6 @@ def _one_device(device_map: Any) -> Optional[torch.device]:
 
 def transformers_has_kimi_k3() -> bool:
     """Whether the installed transformers has its own ``kimi_k3`` model type."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
     return KIMI_K3_MODEL_TYPE in CONFIG_MAPPING_NAMES
 
 

@@ -134,7 +134,7 @@ class KDAConfig(ComponentConfig):
 def fla_kda_kernels():
     """fla's ``(chunk_kda, fused_recurrent_kda)``, the kernels ``backend=fla`` calls; the one place they
     are looked up, so a test can put functions of the same signatures in their place."""
-    from fla.ops.kda import chunk_kda, fused_recurrent_kda  # lazy: needs triton
+    from fla.ops.kda import chunk_kda, fused_recurrent_kda  # GPU-only: fla needs triton
 
     return chunk_kda, fused_recurrent_kda
 

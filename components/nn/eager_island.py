@@ -26,6 +26,8 @@ import importlib.machinery
 import sys
 from typing import Any, Callable
 
+import torch
+
 _DYNAMO = "torch._dynamo"
 # (function, recursive) of every island not yet replaced by its disabled form
 _pending: list[tuple[Callable[..., Any], bool]] = []
@@ -39,8 +41,6 @@ def eager_island(fn: Callable[..., Any] | None = None, *, recursive: bool = True
 
     def mark(f: Callable[..., Any]) -> Callable[..., Any]:
         if _DYNAMO in sys.modules:
-            import torch
-
             return torch.compiler.disable(f, recursive=recursive)
         _pending.append((f, recursive))
         _watch_for_dynamo()
@@ -53,8 +53,6 @@ def compile_constant(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Mark ``fn`` (a decorator) as ``torch.compiler.assume_constant_result``: inside compiled code its
     result is a constant of the graph. Only for functions of constants whose result is fixed per process."""
     if _DYNAMO in sys.modules:
-        import torch
-
         return torch.compiler.assume_constant_result(fn)
     _pending_constants.append(fn)
     _watch_for_dynamo()
@@ -71,8 +69,6 @@ def _owner_and_name(fn: Callable[..., Any]) -> tuple[Any, str]:
 
 
 def _replace_pending() -> None:
-    import torch
-
     while _pending:
         fn, recursive = _pending.pop()
         owner, name = _owner_and_name(fn)

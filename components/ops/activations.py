@@ -144,9 +144,8 @@ def situ_glu_exp_form(
 
 
 def _triton_module() -> ModuleType:
-    # imported on first use: CPU-only callers never load triton, and the kernels'
-    # interpreter mode (TRITON_INTERPRET) is read when this module is first imported
-    from components.ops.triton import situ_glu as mod
+    # the kernels' interpreter mode (TRITON_INTERPRET) is read when this module is first imported
+    from components.ops.triton import situ_glu as mod  # GPU-only: triton, never loaded by CPU-only callers
 
     return mod
 

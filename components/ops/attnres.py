@@ -109,7 +109,7 @@ def _fla_kernels() -> tuple[Callable, Callable, Callable]:
     fused_attnres_bwd, _build_ptr_table)`` of ``fla.ops.attnres.fused`` (the functions its
     ``FusedAttnresFunction`` calls). The one place they are looked up, so a test can put functions of
     the same signatures in their place (the torch read, on a CPU)."""
-    from fla.ops.attnres import fused  # lazy: needs triton
+    from fla.ops.attnres import fused  # GPU-only: fla needs triton
 
     return fused.fused_attnres_fwd, fused.fused_attnres_bwd, fused._build_ptr_table
 

@@ -37,7 +37,7 @@ def build_cpu_extension(source: Path, env_switch: str, on_load: Optional[Callabl
 
 def _load(name: str, source: Path) -> bool:
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import load  # start-up time: setuptools, only when a kernel builds
 
         # the ninja the project installs sits beside this interpreter, on PATH or not
         bin_dir = os.path.dirname(sys.executable)

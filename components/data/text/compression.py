@@ -38,7 +38,7 @@ def inner_suffix(path: Path) -> str:
 
 def _open_zstd(path: Path) -> BinaryIO:
     try:
-        import zstandard
+        import zstandard  # optional: not a dependency, only .zst inputs need it
     except ImportError:
         raise CompressionError(
             f"{path}: reading .zst files needs the zstandard package, which is not installed (pip install zstandard); "

@@ -14,8 +14,10 @@ import hashlib
 import json
 import os
 import re
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from pydoc_data.topics import topics
 from typing import Iterator, Optional
 
 from components.data.stdlib_sources import is_validation, stdlib_fingerprint, stdlib_root, stdlib_sources
@@ -152,7 +154,7 @@ def _read_jsonl(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterator[D
 
 def _read_parquet(f: InputFile, opts: ReadOptions, stats: ReadStats) -> Iterator[Document]:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # optional: the parquet extra
     except ImportError:
         raise InputError(
             f"{f.path}: reading Parquet needs pyarrow, which is not installed: "
@@ -217,9 +219,6 @@ def stdlib_docs_documents() -> Iterator[Document]:
     """English documentation that ships with Python: the reference manual's topics (``pydoc_data``) and,
     per standard-library module (test suites excluded), its docstrings (module, classes, functions, each
     under its name). Modules are parsed on every core."""
-    from concurrent.futures import ProcessPoolExecutor
-    from pydoc_data.topics import topics
-
     for name in sorted(topics):
         yield Document(f"topics/{name}", topics[name])
     root = stdlib_root()

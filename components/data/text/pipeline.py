@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import numpy as np
+from tqdm import tqdm
 
 from components.atomic_folder import clear_stale, put_in_place, staging_path
 from components.data.text.documents import (
@@ -263,8 +264,6 @@ def _build_tokenizer(opts: PrepareOptions, expanded, log: Callable[[str], None],
 def _progress(opts: PrepareOptions):
     if not opts.progress:
         return None
-    from tqdm import tqdm
-
     return tqdm(unit="B", unit_scale=True, desc="tokenising", file=sys.stderr, mininterval=1.0)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOD_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|padding|>"
@@ -200,8 +201,6 @@ def load_tokenizer_file(
 
 def _read_tokenizer_json(path: str | os.PathLike):
     """The HF ``Tokenizer`` in a tokenizer.json; TokenizerError naming the file if it does not parse."""
-    from tokenizers import Tokenizer
-
     try:
         return Tokenizer.from_file(str(path))
     except Exception as err:  # the Rust side raises a plain Exception with its parser's message
@@ -213,8 +212,6 @@ def _read_tokenizer_json(path: str | os.PathLike):
 def train_bpe(texts: Iterator[str], vocab_size: int, length: Optional[int] = None) -> HFTokenizer:
     """Byte-level BPE with ``vocab_size`` entries (fewer if the texts run out of merges), trained on
     ``texts``; the end-of-document and padding tokens take ids 0 and 1."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
