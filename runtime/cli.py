@@ -60,7 +60,7 @@ def utf8_text(text: str) -> str:
 
 def torch_device(text: str) -> str:
     """An argparse type: a device torch knows and this machine has (cpu, cuda, cuda:N, mps)."""
-    import torch
+    import torch  # start-up time: the tools' --help and argument errors never load torch
 
     try:
         device = torch.device(text)

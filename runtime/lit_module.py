@@ -25,10 +25,13 @@ from components.nn.segments import Segments
 from components.objective import document_segments, scored_loss_sum, token_losses
 from components.optim.schedules.base import SCHEDULES
 from components.registry import BALANCERS, OPTIMIZERS
+from runtime import rng_state
 from runtime.compile import compile_mode, compiled_hidden
 from runtime.config import RootConfig, to_container
 from runtime.data_parallel_loss import global_token_mean
 from runtime.grad_norm import clip_grads_with_norm_, total_grad_norm
+from runtime.loggers import log_validation
+from runtime.strategies import mixed_precision_policy, shard_fsdp2
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -66,8 +69,6 @@ class LanguageModelModule(L.LightningModule):
             self.model.set_activation_checkpointing(True)
         if self.cfg.trainer.strategy != "fsdp2" or getattr(self, "_sharded", False):
             return
-        from runtime.strategies import mixed_precision_policy, shard_fsdp2
-
         t = self.cfg.trainer
         mesh = self.device_mesh["data_parallel"]
         shard_fsdp2(self.model, mesh, mixed_precision_policy(t.precision), t.expert_parallel)
@@ -218,15 +219,11 @@ class LanguageModelModule(L.LightningModule):
 
     # -- checkpoints ----------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from runtime import rng_state
-
         checkpoint["rng_states"] = rng_state.gather_all_ranks()  # collective: runs on every rank
         checkpoint["run_config"] = to_container(self.cfg)  # a checkpoint alone rebuilds its model (runtime/load_run.py)
         checkpoint["nonfinite_skipped_steps"] = [self.skipped_steps, self.skipped_in_a_row]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from runtime import rng_state
-
         states = checkpoint.get("rng_states")
         if states and not rng_state.restore_for_rank(states, self.global_rank):
             rank_zero_warn(
@@ -265,8 +262,6 @@ class LanguageModelModule(L.LightningModule):
         for key, v in record.items():  # progress bar and callback metrics; the loggers get the record below
             shown = key in ("val/loss", f"val/{self.dataset.metrics.primary}")
             self.log(key, v, on_step=False, on_epoch=True, prog_bar=shown, sync_dist=False, logger=False)
-        from runtime.loggers import log_validation
-
         log_validation(self.trainer, record)  # at the step the weights are at, with the compute axis
 
     # -- optimisation ---------------------------------------------------------------------------

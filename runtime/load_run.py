@@ -118,7 +118,7 @@ def resolve_checkpoint(path: str) -> str:
 def _sharded_model_state(ckpt_path: str, model: Decoder) -> dict[str, torch.Tensor]:
     """The model weights of an FSDP2 sharded checkpoint folder, read on this one process into tensors
     shaped like ``model``'s (torch.distributed.checkpoint reassembles every rank's shards)."""
-    from torch.distributed.checkpoint import FileSystemReader, load  # only sharded checkpoints need it
+    from torch.distributed.checkpoint import FileSystemReader, load  # start-up time: DCP, sharded checkpoints only
 
     wanted = {f"{MODULE_PREFIX}{k}": torch.empty_like(v) for k, v in model.state_dict().items()}
     try:

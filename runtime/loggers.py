@@ -7,7 +7,9 @@ import netrc
 import os
 from typing import Any
 
-from runtime.metric_ledger import record_key
+from runtime.metric_ledger import MetricLedger, record_key
+from runtime.run_identity import fit_tags, job_type_for, run_identity
+from runtime.wandb_offline import read_run, segments
 
 
 def component_tags(root: Any) -> list[str]:
@@ -42,7 +44,7 @@ def wandb_mode(requested: str) -> str:
 
 
 def _is_global_zero() -> bool:
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only  # start-up time: lightning, only once a run starts
 
     return getattr(rank_zero_only, "rank", 0) == 0
 
@@ -68,7 +70,7 @@ def build_loggers(
     keeps everything. A resumed run's W&B history gets the records of ``metrics.jsonl`` it lacks (the
     steps a killed process logged there but W&B never wrote) before training goes on.
     """
-    from runtime.jsonl_logger import JSONLLogger
+    from runtime.jsonl_logger import JSONLLogger  # start-up time: lightning, only once a run starts
 
     jsonl = JSONLLogger(run_dir, name=run_name)
     loggers: list = [jsonl]
@@ -76,9 +78,7 @@ def build_loggers(
     mode = wandb_mode(lc.mode)
     if lc.name != "wandb" or mode == "disabled":
         return loggers, None
-    from runtime.metric_ledger import MetricLedger
-    from runtime.run_identity import fit_tags, job_type_for, run_identity
-    from runtime.safe_wandb import SafeWandbLogger
+    from runtime.safe_wandb import SafeWandbLogger  # start-up time: lightning and wandb, only for W&B runs
 
     job_type = job_type or getattr(lc, "job_type", None) or job_type_for(config_dict.get("sweep"))
     identity = run_identity(root, overrides, run_dir, job_type, group=lc.group or None)
@@ -152,8 +152,6 @@ def build_loggers(
 def _offline_history(run_dir: str, run_id: str) -> tuple[int, set] | None:
     """(history rows, their record keys) of the offline segments of run ``run_id`` already in ``run_dir``,
     read with wandb's own reader; None when it cannot read them (the replay then starts from nothing)."""
-    from runtime.wandb_offline import read_run, segments
-
     folders = segments(os.path.join(run_dir, "wandb"), run_id)
     if not folders:
         return None
@@ -189,7 +187,7 @@ def log_validation(trainer: Any, metrics: dict[str, float]) -> None:
 
 
 def _finish_quietly(exit_code: int = 1) -> None:
-    import wandb
+    import wandb  # start-up time: wandb, only once W&B is used
 
     try:
         wandb.finish(exit_code=exit_code)
@@ -198,7 +196,7 @@ def _finish_quietly(exit_code: int = 1) -> None:
 
 
 def _wandb_settings(init_timeout_s: float = 90.0) -> Any:
-    import wandb
+    import wandb  # start-up time: wandb, only once W&B is used
 
     # no code saving or console capture: runs stay small and never block on the network
     return wandb.Settings(save_code=False, console="off", silent=True, init_timeout=init_timeout_s)

@@ -51,6 +51,9 @@ from typing import Any, Iterable, Optional
 
 from torch import nn
 
+from components.model import build_on_meta
+from components.optim.param_groups import muon_partition, unique_trainable
+
 GiB = 2**30
 FP32 = 4
 
@@ -164,8 +167,6 @@ def _matmul_numbers(module: nn.Module, top_k: int, expert_ids: set[int]) -> int:
 
 def inventory(model: nn.Module, optimizer_cfg: Any) -> Inventory:
     """Count ``model`` (a Decoder, on the meta device) for the optimizer ``optimizer_cfg`` builds."""
-    from components.optim.param_groups import muon_partition, unique_trainable
-
     params = unique_trainable(model)
     blocks = [*model.layers, *model.mtp]
     expert_ids: set[int] = set()
@@ -243,8 +244,6 @@ def inventory(model: nn.Module, optimizer_cfg: Any) -> Inventory:
 
 def inventory_for(root: Any) -> Inventory:
     """The inventory of a validated run config's model and optimizer."""
-    from components.model import build_on_meta
-
     return inventory(build_on_meta(root.decoder_config()), root.optimizer)
 
 

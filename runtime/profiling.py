@@ -41,7 +41,7 @@ def build_profiler(trainer_cfg: Any, run_dir: str) -> Any:
     choice = trainer_cfg.profiler
     if choice is None:
         return None
-    from lightning.pytorch.profilers import (
+    from lightning.pytorch.profilers import (  # start-up time: lightning, only once a run starts
         AdvancedProfiler,
         PyTorchProfiler,
         SimpleProfiler,

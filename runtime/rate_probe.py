@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from runtime.cpu_threads import threads_per_job
+from runtime.json_records import read_json_lines
+
 REPO = Path(__file__).resolve().parent.parent
 WARM_STEPS = 2  # steps left out of the steady-state rate: compilation and its recompiles land here
 
@@ -41,9 +44,6 @@ def probe_rate(
     ``OMP_NUM_THREADS``), ``warm + steps`` steps each. The rate is the median of the logged per-step
     tokens/s after the warm steps, over all copies; the overhead is the rest of a run's wall time.
     Raises RuntimeError with the last line a failing run printed."""
-    from runtime.cpu_threads import threads_per_job
-    from runtime.json_records import read_json_lines
-
     base = dict(os.environ if env is None else env)
     env = {**base, **threads_per_job(copies, base)}
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 
 def capture() -> dict[str, Any]:
@@ -47,8 +48,6 @@ def restore(state: dict[str, Any]) -> None:
 
 def gather_all_ranks() -> list[dict[str, Any]]:
     """Every rank's states, indexed by global rank (collective: call on all ranks)."""
-    import torch.distributed as dist
-
     mine = capture()
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [mine]
@@ -59,8 +58,6 @@ def gather_all_ranks() -> list[dict[str, Any]]:
 
 def restore_for_rank(states: list[dict[str, Any]], rank: int) -> bool:
     """Restore this rank's saved states; False (nothing restored) when the world size changed."""
-    import torch.distributed as dist
-
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if len(states) != world:
         return False

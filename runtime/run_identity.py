@@ -19,6 +19,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
+from hydra.core.hydra_config import HydraConfig
+
+from runtime.config import to_container
+from runtime.run_folder import config_fingerprint
+
 TRAIN, EVALUATION, SWEEP_POINT, LADDER_RUNG = "train", "evaluation", "sweep-point", "ladder-rung"
 JOB_TYPES = (TRAIN, EVALUATION, SWEEP_POINT, LADDER_RUNG)
 
@@ -167,8 +172,6 @@ def config_hash(data: dict[str, Any]) -> str:
 
 def group_hash(root: Any) -> str:
     """A hash of everything that changes what a run trains, the seed left out."""
-    from runtime.config import to_container
-
     data = to_container(root)
     for key in (*_NOT_IDENTITY_KEYS, "seed"):
         data.pop(key, None)
@@ -179,8 +182,6 @@ def group_hash(root: Any) -> str:
 
 def hydra_overrides() -> Optional[list[str]]:
     """The running Hydra job's command-line overrides (None outside a Hydra job)."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return None
     return list(HydraConfig.get().overrides.task)
@@ -230,8 +231,6 @@ def run_identity(
 ) -> RunIdentity:
     """The identity of the run ``root`` composes from ``overrides`` (None: the running Hydra job's).
     ``group``: a shared group (a sweep's, a ladder's, ``logger.group``) instead of the configuration's."""
-    from runtime.run_folder import config_fingerprint
-
     if overrides is None:
         overrides = hydra_overrides() or []
     full = identity_overrides(overrides)

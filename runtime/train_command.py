@@ -85,8 +85,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     # Lightning and the training module load only once a run starts (--help, --cfg and a refused config stay quick)
-    from runtime.checkpoints.write import CheckpointWriteError
-    from runtime.lit_module import NonFiniteTrainingError
+    from runtime.checkpoints.write import CheckpointWriteError  # start-up time: lightning, only once a run starts
+    from runtime.lit_module import NonFiniteTrainingError  # start-up time: lightning, only once a run starts
 
     try:
         if multirun:
@@ -122,7 +122,7 @@ def prepare_single_run(overrides: list[str]) -> SingleRun:
 
 def run_single(run: SingleRun) -> dict[str, Any]:
     """Train ``run`` as Hydra's job (``.hydra/`` written, Hydra's config and callbacks in place); the summary."""
-    from runtime.run import train  # Lightning: once a run starts
+    from runtime.run import train  # start-up time: lightning, only once a run starts
 
     callbacks = Callbacks(run.cfg)
     callbacks.on_run_start(config=run.cfg, config_name=CONFIG_NAME)
@@ -177,9 +177,9 @@ def _validate_jobs(overrides: list[str]) -> None:
 
 def _multirun_job(cfg: DictConfig) -> Optional[float]:
     """One job of a multirun, as Hydra's launcher calls it; its validation loss (the Optuna objective)."""
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only  # Lightning: once a run starts
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only  # start-up time: lightning, only once a run starts
 
-    from runtime.run import train
+    from runtime.run import train  # start-up time: lightning, only once a run starts
 
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)

@@ -64,16 +64,15 @@ def _checkpoint_weights(path: str, size: int, mtime_ns: int) -> dict[str, tuple[
     job of a sweep branching from it is checked against the same read); CorruptCheckpointError naming a
     truncated or corrupt file."""
     if os.path.isdir(path):  # a sharded checkpoint: every shard's byte range, the weights from the index
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+        import torch.distributed.checkpoint as dcp  # start-up time: DCP, sharded checkpoints only
 
         load_checkpoint_file(path)
-        entries = FileSystemReader(path).read_metadata().state_dict_metadata
+        entries = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
         prefix = f"state_dict.{layout.MODULE_PREFIX}"
         return {
             k[len(prefix) :]: (tuple(m.size), m.properties.dtype.is_floating_point)
             for k, m in entries.items()
-            if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)
+            if k.startswith(prefix) and isinstance(m, dcp.metadata.TensorStorageMetadata)
         }
     state = load_checkpoint_file(path, mmap=True).get("state_dict")  # every byte checked, none kept in memory
     if not isinstance(state, dict):

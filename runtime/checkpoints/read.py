@@ -24,7 +24,7 @@ class CorruptCheckpointError(RuntimeError):
 def check_sharded_checkpoint(path: str) -> dict[str, Any]:
     """Verify a sharded checkpoint folder: its trainer state loads and every byte range its index
     names exists. Returns the trainer state (without weights). Raises CorruptCheckpointError."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint import FileSystemReader  # start-up time: DCP, sharded checkpoints only
 
     meta_file = os.path.join(path, "meta.pt")
     if not os.path.isfile(meta_file) or not os.path.isfile(os.path.join(path, ".metadata")):
