@@ -48,6 +48,8 @@ from typing import Any, Optional
 
 import yaml
 
+from components.base import ConfigError
+from runtime.json_records import read_json_lines
 from runtime.rate_probe import Rate, probe_rate
 from sweeps.ladder_plan import (
     ARMS,
@@ -137,8 +139,6 @@ def stability_metrics(run_dir: str) -> dict[str, Any]:
     mean MaxVio over routed layers; empty without routed layers), ``grad_norm_spikes`` (logged
     gradient norms after the first tenth of the run above ``SPIKE_FACTOR`` x the run's median) and
     ``max_activation`` (the largest GLU intermediate at the last validation, ``act/glu_max``)."""
-    from runtime.json_records import read_json_lines
-
     path = Path(run_dir) / "metrics.jsonl"
     records = read_json_lines(path) if path.is_file() else []
     maxvio = [r[MAXVIO_KEY] for r in records if isinstance(r.get(MAXVIO_KEY), (int, float))]
@@ -164,7 +164,7 @@ RUN_COLUMNS = ("run_seed", "batch_rows", "tokens_per_step", "steps", "warmup_ste
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    from analysis.ladder_report import REQUIRED, STABILITY  # the table's schema is the report's
+    from analysis.ladder_report import REQUIRED, STABILITY  # start-up time: scipy, only when the table is written
 
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
@@ -366,8 +366,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except Exception as err:
-        from components.base import ConfigError
-
         if isinstance(err, ConfigError):
             print(f"error: {err}", file=sys.stderr)
             return 2

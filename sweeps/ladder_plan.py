@@ -17,7 +17,9 @@ from typing import Any, Optional
 
 import yaml
 
+from components.optim.schedules.wsd import decay_start
 from runtime.rate_probe import Rate
+from runtime.sweep_job import split_override
 from sweeps.ladder_rungs import Rung
 
 LADDERS = Path(__file__).resolve().parent / "ladders"
@@ -208,10 +210,13 @@ class Size:
 
 def account(overrides: list[str]) -> Size:
     """Parameters, training FLOPs per token and tokens per step of a composition (built on meta)."""
-    from components.flop_count import parameter_counts, training_flops_per_token
-    from components.model import build_on_meta
-    from runtime.compose import compose, strip_hydra
-    from runtime.validation import validate
+    from components.flop_count import (  # start-up time: torch and the model, only when sizes are counted
+        parameter_counts,
+        training_flops_per_token,
+    )
+    from components.model import build_on_meta  # start-up time: torch and the model, only when sizes are counted
+    from runtime.compose import compose, strip_hydra  # start-up time: torch and the model, only when sizes are counted
+    from runtime.validation import validate  # start-up time: torch and the model, only when sizes are counted
 
     root = validate(strip_hydra(compose(overrides)))
     model = build_on_meta(root.decoder_config())
@@ -316,8 +321,6 @@ def plan(decision: str, preset: Preset, extra: list[str], arms_overrides: dict[s
     smallest token budget), the warmup (``warmup_fraction`` of the smallest budget's tokens, in steps of
     that batch) and the run seeds (``run_seed``); each run decays over the last ``decay_fraction`` of its
     own budget, so warmup and cooldown are fixed shares of tokens at every rung."""
-    from components.optim.schedules.wsd import decay_start  # the schedule the runs train under
-
     runs: list[LadderRun] = []
     arm_slugs = {arm: arm_slug(arms_overrides[arm]) for arm in ARMS}
     if arm_slugs["baseline"] == arm_slugs["variant"]:  # an A/A ladder: the same runs twice would be one set
@@ -488,8 +491,6 @@ def runs_folder(output_root: Path, preset: Preset, extra: list[str]) -> Path:
 def arm_overrides(arm: list[str], rung: Rung, preset: Preset, extra: list[str], accounting: bool = False) -> list[str]:
     """The arm's overlay, the preset's settings, the rung's sizes, then the command line's: one override
     per key, the last given winning."""
-    from runtime.sweep_job import split_override
-
     base = preset.overrides + (preset.accounting_overrides if accounting else [])
     merged: dict[str, str] = {}
     for override in [*arm, *base, *rung.overrides(), *extra]:

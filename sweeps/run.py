@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 
 from runtime.sweep_job import split_override
+from sweeps import ladder
 from sweeps.run_pool import run_points
 
 STUDIES = Path(__file__).resolve().parent
@@ -157,8 +158,6 @@ def commands(
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["ladder"]:  # a scaling ladder: sweeps/ladder.py
-        from sweeps import ladder
-
         return ladder.main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("study", help="one of: " + ", ".join(study_names()) + "; or ladder (python -m sweeps.run ladder -h)")

@@ -5,11 +5,13 @@ the copies of their training curves a study keeps in its own folder."""
 from __future__ import annotations
 
 import csv
+import fcntl
 import glob
 import json
 from pathlib import Path
 from typing import Any, Optional
 
+from runtime.json_records import read_json_lines
 from sweeps.ladder_plan import LadderError, LadderRun
 
 
@@ -29,8 +31,6 @@ def finished_summary(runs_dir: Path, name: str) -> Optional[dict[str, Any]]:
 def hold_runs_folder(runs_dir: Path):
     """An exclusive lock on a preset's runs folder for the ladder's lifetime: two ladders sharing an arm
     would otherwise train the same run into the same folder at once."""
-    import fcntl
-
     handle = open(runs_dir / ".lock", "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -46,8 +46,6 @@ def hold_runs_folder(runs_dir: Path):
 def keep_curves(folder: Path, runs: list[LadderRun], summaries: dict[str, dict[str, Any]]) -> int:
     """Copy every finished run's training curve (``metrics.jsonl``: step, tokens, train/loss, train/lr)
     into ``folder/curves/<run>.csv``, so the ladder folder keeps them beside its table; returns how many."""
-    from runtime.json_records import read_json_lines
-
     out = folder / "curves"
     out.mkdir(exist_ok=True)
     kept = 0
