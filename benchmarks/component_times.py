@@ -25,6 +25,10 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from components.ops import kda as kda_ops
+from components.ops import kda_cpu
+from components.optim import muon
+
 # module class name -> row; the first match walking up the module's class names
 KINDS = {
     "KimiDeltaAttention": "kda mixer",
@@ -85,10 +89,6 @@ def component_times(
 ) -> tuple[dict[str, float], float]:
     """Seconds per step by row (exclusive, averaged over ``steps`` eager steps of ``step(ids)``) and the
     measured seconds per step. The step must run the model eagerly (hooks do not fire in compiled code)."""
-    from components.ops import kda as kda_ops
-    from components.ops import kda_cpu
-    from components.optim import muon
-
     spans = _Spans()
     handles = []
     for module in model.modules():

@@ -74,15 +74,32 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch._dynamo
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+from torch.distributed.device_mesh import init_device_mesh
 
 from components.nn.build_context import BuildContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # also runnable as a script
 
+from benchmarks.moe import build_forms, routing
+from benchmarks.moe import fwd_bwd as module_step
 from benchmarks.timing import medians, time_interleaved
 from benchmarks.train_step import train_setup
+from components.ffn.experts import RoutedExperts, auto_dispatch, experts_reference, grouped_mm_supported
+from components.ffn.glu_activation import glu_activation
+from components.mixers import kda
+from components.mixers.kda import KDAConfig, KimiDeltaAttention, fla_kda_kernels
+from components.model import build_on_meta
+from components.nn.segments import Segments
 from components.objective import cross_entropy
+from components.ops.activations import situ_glu, situ_glu_reference
+from components.ops.attnres import attnres_read, attnres_read_reference
+from components.ops.kda import chunk_kda, kda_gate, l2norm
+from runtime.callbacks.throughput import peak_flops as known_or_measured
 from runtime.compose import compose_root
+from runtime.strategies import shard_fsdp2
 
 GOAL_MOE_VS_DENSE = 1.3
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False"
@@ -341,8 +358,6 @@ def run_checks(checks: Sequence[Check], ctx: Context, log: Callable[[str], None]
 # ------------------------------------------------------------------------------------------------
 def kda_inputs(B: int, T: int, H: int, K: int, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random KDA inputs as the mixer produces them (fp32): L2-normalised q/k, lower-bound gate, beta."""
-    from components.ops.kda import kda_gate, l2norm
-
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape: int) -> torch.Tensor:
@@ -389,7 +404,6 @@ def outputs_and_grads(step: Callable[[], torch.Tensor], named: Mapping[str, torc
 
 def kda_reference(segments=None, compute_dtype: torch.dtype | None = None) -> Callable[..., torch.Tensor]:
     """``components.ops.kda.chunk_kda``'s output as a function of (q, k, v, g, beta)."""
-    from components.ops.kda import chunk_kda
 
     def ref(q, k, v, g, beta):
         return chunk_kda(q, k, v, g, beta, segments=segments, compute_dtype=compute_dtype)[0]
@@ -406,8 +420,6 @@ def check_kda(
     fla's bounded-gate path against fla's general one (the same result is expected)."""
 
     def run(ctx: Context, row: Row) -> None:
-        from components.mixers.kda import fla_kda_kernels
-
         fla_chunk_kda = fla_kda_kernels()[0]
         x = kda_inputs(B, T, H, K, ctx.device, seed=1 if varlen else 0)
         segments = random_segments(B, T, 500, ctx.device) if varlen else None
@@ -459,8 +471,6 @@ def check_kda(
 
 def random_segments(B: int, T: int, mean_len: int, device: torch.device, seed: int = 0):
     """``Segments`` of B rows with about T / mean_len documents each at random places, plus a 3-token one."""
-    from components.nn.segments import Segments
-
     gen = torch.Generator().manual_seed(seed)
     starts = torch.zeros(B, T, dtype=torch.long)
     for b in range(B):
@@ -473,8 +483,6 @@ def random_segments(B: int, T: int, mean_len: int, device: torch.device, seed: i
 @contextlib.contextmanager
 def kda_core_in(dtype: torch.dtype) -> Iterator[None]:
     """The KDA mixer's torch chunked core computing in ``dtype`` (the tolerance's bf16 run)."""
-    from components.mixers import kda
-
     original = kda.chunk_kda
     kda.chunk_kda = functools.partial(original, compute_dtype=dtype)
     try:
@@ -485,8 +493,6 @@ def kda_core_in(dtype: torch.dtype) -> Iterator[None]:
 
 def check_kda_mixer(B: int, T: int, H: int, K: int, repeats: int) -> Callable[[Context, Row], None]:
     def run(ctx: Context, row: Row) -> None:
-        from components.mixers.kda import KDAConfig, KimiDeltaAttention
-
         d = H * K
         torch.manual_seed(0)
         mixer = KimiDeltaAttention(
@@ -527,8 +533,6 @@ def check_kda_mixer(B: int, T: int, H: int, K: int, repeats: int) -> Callable[[C
 # ------------------------------------------------------------------------------------------------
 def check_attnres(S: int, B: int, T: int, d: int, repeats: int) -> Callable[[Context, Row], None]:
     def run(ctx: Context, row: Row) -> None:
-        from components.ops.attnres import attnres_read, attnres_read_reference
-
         gen = torch.Generator(device=ctx.device).manual_seed(0)
         # fp32 sources, as the model's under bf16-mixed: the embedding is fp32 and every write casts a
         # sublayer's bf16 output to the stream's dtype (components/residual/attnres.py)
@@ -567,8 +571,6 @@ def check_attnres(S: int, B: int, T: int, d: int, repeats: int) -> Callable[[Con
 # ------------------------------------------------------------------------------------------------
 def check_situ(rows_: int, cols: int, repeats: int) -> Callable[[Context, Row], None]:
     def run(ctx: Context, row: Row) -> None:
-        from components.ops.activations import situ_glu, situ_glu_reference
-
         torch.manual_seed(0)
         shape = (rows_, cols)  # [tokens, expert intermediate]
         inputs = {
@@ -601,14 +603,6 @@ def check_situ(rows_: int, cols: int, repeats: int) -> Callable[[Context, Row], 
 # ------------------------------------------------------------------------------------------------
 def check_moe_experts(N: int, E: int, k: int, d: int, m: int, repeats: int) -> Callable[[Context, Row], None]:
     def run(ctx: Context, row: Row) -> None:
-        from benchmarks.moe import routing
-        from components.ffn.experts import (
-            RoutedExperts,
-            experts_reference,
-            grouped_mm_supported,
-        )
-        from components.ffn.glu_activation import glu_activation
-
         act = glu_activation("situ_glu", beta=4.0, linear_beta=25.0)
         torch.manual_seed(0)
         with ctx.device:  # initialised on the device
@@ -649,10 +643,6 @@ def check_moe_vs_dense(
     form: str, size: tuple[int, int, int, int, int], repeats: int, last: bool
 ) -> Callable[[Context, Row], None]:
     def run(ctx: Context, row: Row) -> None:
-        from benchmarks.moe import build_forms
-        from benchmarks.moe import fwd_bwd as module_step
-        from components.ffn.experts import auto_dispatch
-
         N, d = size[:2]
         key = ("moe_forms", size)
         if key not in ctx.results:  # one build (on the device: no host-side init) serves every form's row
@@ -688,16 +678,12 @@ def peak_flops(ctx: Context) -> tuple[float, str]:
         if ctx.args.peak_tflops:
             ctx.peak = (ctx.args.peak_tflops * 1e12, "--peak-tflops")
         else:
-            from runtime.callbacks.throughput import peak_flops as known_or_measured
-
             ctx.peak = known_or_measured(ctx.device, "bf16-mixed")
     return ctx.peak
 
 
 def dynamo_counts() -> tuple[int, int, int]:
     """(graphs, graph breaks, of those at eager islands) TorchDynamo has compiled since its last reset."""
-    from torch._dynamo.utils import counters
-
     breaks = counters["graph_break"]
     islands = sum(n for reason, n in breaks.items() if "torch.compiler.disable()" in reason)
     return counters["stats"]["unique_graphs"], sum(breaks.values()), islands
@@ -708,15 +694,10 @@ def check_train(
 ) -> Callable[[Context, Row], None]:
     def run(ctx: Context, row: Row) -> None:
         root = compose_root(list(overrides))
-        from components.model import build_on_meta
-
         unfriendly = build_on_meta(root.decoder_config()).compile_unfriendly()
         mode = ("layers" if unfriendly else "model") if compile else "off"  # as the trainer compiles it
         if compile:  # count this model's graphs only
-            from torch._dynamo import reset
-            from torch._dynamo.utils import counters
-
-            reset()
+            torch._dynamo.reset()
             counters.clear()
         model, step = train_setup(root, ctx.device, mode, compile_backend=ctx.args.compile_backend)
         gen = torch.Generator().manual_seed(0)
@@ -762,11 +743,6 @@ def check_fsdp2(overrides: Sequence[str], B: int, T: int) -> Callable[[Context, 
     each with the same batch), over all of its ranks."""
 
     def run(ctx: Context, row: Row) -> None:
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
-
-        from runtime.strategies import shard_fsdp2
-
         root = compose_root(list(overrides))
         created = not dist.is_initialized()
         if created:

@@ -68,10 +68,19 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
+import torch._dynamo
 
+import components.mixers.kda as kda_mixer
+import components.ops.activations as activations
+import components.ops.attnres as attnres_ops
+import components.ops.kda as kda_ops
+from benchmarks.component_times import component_times, print_table
 from benchmarks.timing import medians, time_interleaved
 from benchmarks.train_step import train_setup
+from components.model import build_on_meta
 from components.ops.bf16_support import cpu_has_native_bf16
+from components.registry import DATASETS
+from runtime.compile import compile_mode
 from runtime.compose import compose_root, conf_dir
 from runtime.cpu_allocator import keep_freed_memory
 
@@ -136,11 +145,6 @@ def reference_kernels() -> Iterator[None]:
     op, AttnRes reads as PyTorch ops instead of the native read, and SiTU-GLU as ``situ_glu_reference`` (tanh and
     sigmoid, autograd's backward) instead of its exp form. The switches are read at call (or trace) time, so they
     hold inside compiled layers traced in this context."""
-    import components.mixers.kda as kda_mixer
-    import components.ops.activations as activations
-    import components.ops.attnres as attnres_ops
-    import components.ops.kda as kda_ops
-
     switches = [
         (kda_ops, "native_available"),
         (kda_mixer, "short_conv_native_available"),
@@ -167,21 +171,17 @@ def _not_available() -> bool:
 def as_before() -> Iterator[None]:
     """Run (and compile) with the fast baseline's kernels: TorchDynamo guards on the function a compiled
     layer called, so graphs traced inside this context are used only inside it."""
-    import components.mixers.kda as kda
-
-    current = kda.shifted_depthwise_conv
-    kda.shifted_depthwise_conv = strided_taps_conv
+    current = kda_mixer.shifted_depthwise_conv
+    kda_mixer.shifted_depthwise_conv = strided_taps_conv
     try:
         with reference_kernels():
             yield
     finally:
-        kda.shifted_depthwise_conv = current
+        kda_mixer.shifted_depthwise_conv = current
 
 
 def corpus_batches(root, n: int, batch: int, seq: int) -> list[torch.Tensor]:
     """``n`` training batches ``[batch, seq + 1]`` of the configured dataset (the embedded corpus)."""
-    from components.registry import DATASETS
-
     root.data.batch_size, root.data.seq_len = batch, seq
     dataset = DATASETS.build(root.data, root.seed)
     out = []
@@ -278,8 +278,6 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # as the trainer does on the CPU, for every path alike
     # every model compiled here adds its layers' graphs to the same decoder-layer code: room for all of them
     # (TorchDynamo's default limit falls back to eager once about five k3_small-sized models are compiled)
-    import torch._dynamo
-
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 512)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
     print(
@@ -311,9 +309,6 @@ def main(argv: list[str] | None = None) -> int:
         tokens[name] = args.batch * args.seq
         flops[name] = model.flops_per_token(args.seq)
     if not args.no_default:
-        from components.model import build_on_meta
-        from runtime.compile import compile_mode
-
         for name, size in PLAIN.items():
             root = compose_root([*size, *args.overrides])
             plain_ids = corpus_batches(root, 1, root.data.batch_size, root.data.seq_len)[0]
@@ -366,8 +361,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(measured in {time.perf_counter() - t0:.0f} s, compilation included)")
 
     if args.components:
-        from benchmarks.component_times import component_times, print_table
-
         compile, precision, extra = PATHS["eager auto"]
         model, step = train_setup(
             compose_root([*overrides, *extra]), torch.device("cpu"), compile, precision=precision_of(precision)

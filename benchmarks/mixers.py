@@ -20,18 +20,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import kda_ops  # noqa: E402
 from timing import medians, time_interleaved  # noqa: E402
 
 from components.model import Decoder  # noqa: E402
 from components.registry import MIXERS  # noqa: E402
+from runtime.compose import compose, strip_hydra  # noqa: E402
+from runtime.validation import validate  # noqa: E402
 
 PREFILL, DECODE = 512, 32
 
 
 def build(mixer: str) -> Decoder:
-    from runtime.compose import compose, strip_hydra
-    from runtime.validation import validate
-
     torch.manual_seed(0)
     root = validate(strip_hydra(compose(["model=small", "model.n_layers=4", f"mixer={mixer}", "mixer.n_heads=4"])))
     return Decoder(root).eval()
@@ -95,8 +95,6 @@ def main() -> None:
     p.add_argument("--skip-ops", action="store_true", help="only the decoding table")
     args = p.parse_args()
     if not args.skip_ops:
-        import kda_ops
-
         sys.argv = [sys.argv[0]] + (["--quick"] if args.quick else [])
         kda_ops.main()
     decode_table(repeats=3 if args.quick else 7)

@@ -91,7 +91,7 @@ def main() -> None:
     }
     triton_note = None
     if on_cuda:
-        from components.ops.triton.situ_glu import HAS_TRITON, situ_glu_triton
+        from components.ops.triton.situ_glu import HAS_TRITON, situ_glu_triton  # GPU-only: triton
 
         if HAS_TRITON:
             fns["situ_triton"] = make_fwd_bwd(

@@ -6,6 +6,9 @@ from typing import Any, Callable
 
 import torch
 
+from components.model import Decoder
+from components.objective import cross_entropy
+from components.registry import BALANCERS, OPTIMIZERS
 from runtime.compile import compiled_hidden
 
 
@@ -24,10 +27,6 @@ def train_setup(
     trainer's training step). ``prepare(model)`` runs before the
     optimizer is built (sharding). ``compile``: off, model (one graph) or layers (per decoder layer), as
     runtime/compile.py compiles for the trainer (``compile_finish``: also the residual's final read)."""
-    from components.model import Decoder
-    from components.objective import cross_entropy
-    from components.registry import BALANCERS, OPTIMIZERS
-
     torch.manual_seed(0)
     model = Decoder(root.decoder_config()).to(device).train()
     if prepare is not None:
