@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 
 def _sharded_dims(grad: Any) -> tuple[Any, tuple[int, ...]]:
@@ -28,9 +30,6 @@ def total_grad_norm(params: Iterable[torch.Tensor]) -> Optional[torch.Tensor]:
     """L2 norm (a plain fp32 scalar tensor) of the gradients of ``params``, plain or DTensor on any meshes,
     equal on every rank; None when no parameter has a gradient. A collective where gradients are sharded:
     every rank must call it with its parameters in the same order."""
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
@@ -62,8 +61,6 @@ def total_grad_norm(params: Iterable[torch.Tensor]) -> Optional[torch.Tensor]:
 def clip_grads_with_norm_(params: Iterable[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
     """Scale every gradient by ``min(1, max_norm / (total_norm + 1e-6))`` (``total_grad_norm``'s value, as
     ``torch.nn.utils.clip_grads_with_norm_``), in place, shard by shard: no collective."""
-    from torch.distributed.tensor import DTensor
-
     coef = (max_norm / (total_norm.float() + 1e-6)).clamp(max=1.0)
     for p in params:
         if p.grad is None:

@@ -14,14 +14,22 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import Shard
+from torch.nn.parallel import DistributedDataParallel
 
+from components.ffn.expert_parallel import distribute_experts
 from runtime.config import data_parallel_ranks
+from runtime.data_parallel_loss import sum_gradients_over_ranks
 
 # the decoder's method training calls instead of forward (runtime/lit_module.py, benchmarks/train_step.py). Not
 # ``mtp_losses``: it runs after ``hidden_states``, when the root (which FSDP2 does not reshard after forward)
@@ -38,17 +46,12 @@ def mixed_precision_policy(precision: str) -> Any:
     own dtype throughout) otherwise."""
     if precision != "bf16-mixed":
         return None
-    import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
 def expert_parallel_mesh(mesh: Any, expert_parallel: int) -> Any:
     """The data-parallel ``mesh`` (1-D, W ranks) as the 2-D mesh ``(efsdp, ep)`` = ``(W / n, n)``: rank r at
     ``(r // n, r % n)``, so an expert-parallel group is n consecutive ranks (one node's fast links first)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     world = mesh.size()
     return init_device_mesh(
         mesh.device_type, (world // expert_parallel, expert_parallel), mesh_dim_names=("efsdp", "ep")
@@ -69,16 +72,8 @@ def shard_fsdp2(model: Any, mesh: Any, mp_policy: Any = None, expert_parallel: i
     ranks. Gradients are summed over ranks, never divided (runtime/data_parallel_loss.py says why); gloo has
     no pre-multiplied sum, so the reductions are plain sums. Every place that shards the model calls this
     (the trainer, the GPU check)."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
-
-    from runtime.data_parallel_loss import sum_gradients_over_ranks
-
     kw = {} if mp_policy is None else {"mp_policy": mp_policy}
     if expert_parallel > 1:
-        from torch.distributed.tensor import Shard
-
-        from components.ffn.expert_parallel import distribute_experts
-
         mesh2 = expert_parallel_mesh(mesh, expert_parallel)
         for experts in distribute_experts(model, mesh2["ep"]):
             fully_shard(experts, mesh=mesh2["efsdp"], shard_placement_fn=lambda p: Shard(0), **kw)
@@ -139,10 +134,6 @@ class AtomicShardedStrategy(ModelParallelStrategy):
 
 def _no_buffer_sync() -> dict[str, bool]:
     """DDP's switch for not re-broadcasting buffers at every forward (renamed in torch 2.13)."""
-    import inspect
-
-    from torch.nn.parallel import DistributedDataParallel
-
     params = inspect.signature(DistributedDataParallel.__init__).parameters
     return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
 
@@ -158,8 +149,6 @@ def build_strategy(trainer_cfg: Any) -> Any:
         # every rank one data-parallel shard; Lightning's "auto" would make the node a tensor-parallel group
         world = data_parallel_ranks(trainer_cfg)
         if world is None:
-            import torch
-
             per_node = torch.cuda.device_count() if trainer_cfg.accelerator in ("gpu", "cuda", "auto") else 1
             world = max(1, per_node) * trainer_cfg.num_nodes
         return AtomicShardedStrategy(data_parallel_size=world, tensor_parallel_size=1, save_distributed_checkpoint=True)

@@ -17,16 +17,8 @@ REASONS = ("start-up time:", "optional:", "GPU-only:")
 
 # files other work is still changing: their function-level imports get their reasons when that work lands
 PENDING = {
-    "components/balancers/base.py",
-    "components/balancers/load_stats.py",
-    "components/balancers/qb.py",
-    "components/distributed.py",
-    "components/ffn/expert_parallel.py",
-    "components/optim/muon.py",
     "runtime/callbacks/thread_tuner.py",
     "runtime/cpu_thread_tuning.py",
-    "runtime/grad_norm.py",
-    "runtime/strategies.py",
 }
 
 

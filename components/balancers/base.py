@@ -13,6 +13,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from components.balancers.load_stats import finish_step
+
 
 class Balancer(nn.Module):
     def __init__(self, cfg: Any):
@@ -29,6 +31,4 @@ class Balancer(nn.Module):
 
     def step(self, model: nn.Module) -> dict[str, float]:
         """Called after each optimizer step; returns metrics to log (MaxVio of every routed layer)."""
-        from components.balancers.load_stats import finish_step
-
         return finish_step(model)

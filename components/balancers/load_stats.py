@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from components.distributed import all_reduce_sum_, world_size
@@ -61,8 +62,6 @@ def reduced_loads(routers: list[Router]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def bias_rank_divergence(routers: list[Router]) -> float:
     """Largest difference of any selection-bias entry between data-parallel ranks (0 when in sync)."""
-    import torch.distributed as dist
-
     bias = torch.cat([r.e_score_correction_bias.detach().double().flatten() for r in routers])  # [sum E]
     if world_size() == 1:
         return 0.0

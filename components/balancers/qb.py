@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from components.balancers.base import Balancer
@@ -129,8 +130,6 @@ def _all_gather_rows(r: torch.Tensor) -> torch.Tensor:
     """Concatenate every rank's ``[M_rank, E]`` block (ranks may hold different M)."""
     if world_size() == 1:
         return r
-    import torch.distributed as dist
-
     group = router_stats_group()
     n = torch.tensor([r.shape[0]], device=r.device)
     sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size(group))]

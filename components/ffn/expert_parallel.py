@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from components.ffn.experts import RoutedExperts, _GatherRows, _PermuteRows
@@ -39,7 +40,7 @@ EXPERT_WEIGHTS = ("w1", "w2", "w3")
 
 def _local(w: torch.Tensor) -> torch.Tensor:
     """This rank's experts of a weight sharded on the expert dimension (a plain tensor is taken as local)."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # start-up time: DTensor, only sharded runs
 
     return w.to_local() if isinstance(w, DTensor) else w
 
@@ -55,8 +56,7 @@ class ExpertParallel:
     def __call__(
         self, experts: RoutedExperts, z: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        import torch.distributed as dist
-        import torch.distributed._functional_collectives as funcol
+        import torch.distributed._functional_collectives as funcol  # start-up time: only expert-parallel runs
 
         if experts.capacity_factor is not None:
             raise ValueError("expert parallelism is dropless: capacity_factor must be None")
@@ -99,7 +99,7 @@ def distribute_experts(model: nn.Module, ep_mesh: Any) -> list[RoutedExperts]:
     each weight becomes a ``Shard(0)`` DTensor (this rank keeps its ``E / n`` experts, global name and shape
     unchanged) and the layer's forward exchanges pairs with its peers. Every rank must start from the same
     weights (the same seed). Returns the layers."""
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import Shard, distribute_tensor  # start-up time: DTensor, only sharded runs
 
     size, rank = ep_mesh.size(), ep_mesh.get_local_rank()
     layers = routed_experts(model)

@@ -30,6 +30,7 @@ from dataclasses import astuple, dataclass
 from typing import Any, Iterable, Optional
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from components.nn.matrix_layout import MatrixLayout
@@ -99,7 +100,7 @@ def orthogonalized_update_any(
     full_tensor = getattr(update, "full_tensor", None)
     if full_tensor is None:
         return orthogonalized_update(update, layout, ns_steps, dtype)
-    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor import distribute_tensor  # start-up time: DTensor, only sharded runs
 
     ortho, scale = orthogonalized_update(full_tensor(), layout, ns_steps, dtype)
     return distribute_tensor(ortho, update.device_mesh, update.placements, src_data_rank=None), scale
@@ -122,7 +123,7 @@ def holds_whole_matrices(update: Tensor, layout: MatrixLayout) -> bool:
 def _row_split(update: Tensor) -> Optional[tuple[Any, int, int]]:
     """(process group, size, rows per rank) when ``update`` is split along its dimension 0 over a 1-D mesh in
     ``torch.chunk`` pieces (FSDP2's layout of every non-expert weight), else None."""
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Shard  # start-up time: DTensor, only sharded runs
 
     if update.device_mesh.ndim != 1 or len(update.placements) != 1 or update.placements[0] != Shard(0):
         return None
@@ -137,8 +138,7 @@ def _owner_updates(
     group), and hand every rank its rows of the result: per update one gather to the owner and one scatter
     from it, instead of an all-gather and a Newton-Schulz on every rank. Per-head layouts apply to the
     whole matrix on the owner, as on one process."""
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # start-up time: DTensor, only sharded runs
 
     plans = []  # (item, update, layout, group, size, rows per rank, owner's rank in the group)
     seen: dict[Any, int] = {}  # updates per group so far: the round-robin counter
@@ -214,7 +214,7 @@ def orthogonalized_updates(
       (``_owner_updates``), and its rows scattered back: each rank runs 1 / world of those Newton-Schulz;
     * anything else is gathered and orthogonalised on every rank (``orthogonalized_update_any``).
     """
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # start-up time: DTensor, only sharded runs
 
     results: list[Optional[tuple[Tensor, float]]] = [None] * len(items)
     local: list[tuple[int, Tensor, MatrixLayout, Optional[Tensor]]] = []  # (item, tensor, layout, DTensor it came from)
