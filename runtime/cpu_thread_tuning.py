@@ -23,6 +23,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
+import torch
+
 
 @dataclass(frozen=True)
 class TuningPlan:
@@ -190,7 +192,6 @@ class ThreadTuner:
 
 
 def _set_torch_threads(threads: int) -> None:
-    import torch
 
     torch.set_num_threads(threads)
 
@@ -201,7 +202,6 @@ class LoopThreadTuner:
     ``restore()`` puts back the count the process had. Disabled, it times and changes nothing."""
 
     def __init__(self, plan: TuningPlan = TuningPlan(), enabled: bool = True):
-        import torch
 
         self._initial = torch.get_num_threads()
         self.tuner: Optional[ThreadTuner] = ThreadTuner(self._initial, plan) if enabled else None
@@ -224,6 +224,5 @@ def cpu_thread_tuner(
     """A tuner for an eager evaluation loop on ``device``: tuning this process's threads (up to its count
     now) on a CPU, inert on a GPU or when the model is not ``invariant`` (pass
     ``runtime.callbacks.thread_tuner.thread_invariant(root)``: other compositions' sums depend on the count)."""
-    import torch
 
     return LoopThreadTuner(plan, enabled=invariant and torch.device(device).type == "cpu")

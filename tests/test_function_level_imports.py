@@ -15,12 +15,6 @@ from tests.test_import_graph import PROJECT_MODULES
 
 REASONS = ("start-up time:", "optional:", "GPU-only:")
 
-# files other work is still changing: their function-level imports get their reasons when that work lands
-PENDING = {
-    "runtime/callbacks/thread_tuner.py",
-    "runtime/cpu_thread_tuning.py",
-}
-
 
 def comments_by_line(source: str) -> dict[int, str]:
     """``{line: comment text}`` of every comment in ``source``."""
@@ -67,20 +61,11 @@ def unmarked_in(files: list[Path]) -> list[str]:
 
 
 def test_every_function_level_import_says_why():
-    files = [p for p in project_files() if p.relative_to(REPO).as_posix() not in PENDING]
-    unmarked = unmarked_in(files)
+    unmarked = unmarked_in(project_files())
     assert not unmarked, (
         "imports inside functions with no reason on their line (move them to module top, or end the line "
         f"with one of {', '.join('# ' + r for r in REASONS)} ...):\n" + "\n".join(unmarked)
     )
-
-
-def test_pending_files_are_project_modules_still_pending():
-    """Each PENDING file exists and still has an unmarked import: once its imports say why, it leaves the list."""
-    files = {p.relative_to(REPO).as_posix() for p in project_files()}
-    assert PENDING <= files, sorted(PENDING - files)
-    done = [rel for rel in sorted(PENDING) if not unmarked_in([REPO / rel])]
-    assert not done, f"every import of these says why now: remove them from PENDING: {done}"
 
 
 def test_the_walk_covers_the_project():

@@ -63,14 +63,14 @@ class CpuThreadTuner(L.Callback):
         # torch.compile's CPU kernels size their parallel reductions (a partial sum per thread) by the count
         # in use when they run; pinned to the starting count they split every sum the same way whatever
         # the tuner sets (eager kernels and matrix products split work, not sums, and follow the tuner)
-        import torch._inductor.config as inductor
+        import torch._inductor.config as inductor  # start-up time: only runs that pin compiled kernels
 
         self._inductor_threads = inductor.cpp.threads
         inductor.cpp.threads = torch.get_num_threads()
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.enabled and self._inductor_threads is not None:
-            import torch._inductor.config as inductor
+            import torch._inductor.config as inductor  # start-up time: only runs that pin compiled kernels
 
             inductor.cpp.threads = self._inductor_threads
             self._inductor_threads = None
