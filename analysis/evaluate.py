@@ -42,6 +42,7 @@ from components.nn.segments import Segments
 from components.objective import IGNORE_INDEX, document_segments, token_losses
 from components.registry import DATASETS
 from runtime.cli import finite_float, int_at_least, new_output_path, torch_device
+from runtime.cpu_thread_tuning import LoopThreadTuner, cpu_thread_tuner, thread_invariant
 from runtime.load_run import RunLoadError, load_run
 from runtime.loggers import _wandb_settings, wandb_mode
 
@@ -126,10 +127,19 @@ def positions_in_context(x: torch.Tensor, eod_id: Optional[int]) -> torch.Tensor
 
 @torch.no_grad()
 def evaluate_length(
-    model: Any, dataset: TokenDataset, val: Any, length: int, tokens: int, batch_tokens: int, device: str
+    model: Any,
+    dataset: TokenDataset,
+    val: Any,
+    length: int,
+    tokens: int,
+    batch_tokens: int,
+    device: str,
+    tuner: Optional[LoopThreadTuner] = None,
 ) -> dict[str, Any]:
     """Loss (and the dataset's metrics, e.g. bpb) at ``length`` over consecutive windows of the validation
-    stream ``val [N]``, overall and per position bucket."""
+    stream ``val [N]``, overall and per position bucket. ``tuner``: keeps the CPU thread count right for the
+    machine's load (``runtime/cpu_thread_tuning.py``); None: the count as it is."""
+    tuner = tuner or cpu_thread_tuner(device, invariant=False)
     windows = min(max(1, tokens // length), (len(val) - 1) // length)
     masking = dataset.eod_id if dataset.document_masking else None
     buckets = position_buckets(dataset.seq_len, length)
@@ -142,7 +152,8 @@ def evaluate_length(
         )  # [B, L+1]
         x, y = chunk[:, :-1], chunk[:, 1:]
         segments = document_segments(x, dataset.eod_id, dataset.document_masking)
-        logits = model(x, segments=segments).float()  # [B, L, V]
+        with tuner.timed_step(work=x.numel()):
+            logits = model(x, segments=segments).float()  # [B, L, V]
         token_loss = token_losses(logits, y)  # [B, L]
         position = positions_in_context(x, masking)
         for i, (a, b) in enumerate([*buckets, (0, length)]):
@@ -247,8 +258,9 @@ def evaluate_lengths(
                 f"--lengths: {length} tokens is longer than the validation split ({len(val):,} tokens)"
             )
     results = []
+    tuner = cpu_thread_tuner(device, invariant=thread_invariant(root))  # evaluation keeps its share of the cores
     for length in lengths:
-        r = evaluate_length(model, dataset, val, length, tokens, batch_tokens, device)
+        r = evaluate_length(model, dataset, val, length, tokens, batch_tokens, device, tuner)
         results.append(r)
         metric = dataset.metrics.primary if dataset.metrics.primary in r else "loss"
         print(
@@ -260,6 +272,7 @@ def evaluate_lengths(
             "        by position: "
             + "  ".join(f"[{b['from']},{b['to']}) {b['loss']:.3f}" for b in r["buckets"] if b.get("tokens"))
         )
+    tuner.restore()
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {
         "run": str(run),

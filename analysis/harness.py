@@ -33,6 +33,7 @@ from lm_eval.utils import simple_parse_args_string
 
 from analysis.loglikelihood import continuation_logprobs, rolling_logprob
 from components.sampling import generate
+from runtime.cpu_thread_tuning import cpu_thread_tuner, thread_invariant
 from runtime.load_run import RunLoadError, load_run, load_tokenizer
 
 MODEL_NAME = "k3"
@@ -59,6 +60,8 @@ class K3HarnessModel(TemplateLM):
             )  # the harness's CLI default is cuda
             device = "cpu"
         self.root, self.model = load_run(run, device=device)
+        # the harness's requests keep their share of the cores on a busy machine (runtime/cpu_thread_tuning.py)
+        self._thread_tuner = cpu_thread_tuner(device, invariant=thread_invariant(self.root))
         self.tokenizer_ = load_tokenizer(run, self.root)
         self.run = run
         self._device = torch.device(device)
@@ -98,7 +101,9 @@ class K3HarnessModel(TemplateLM):
         self, requests: list[tuple[tuple[str, str], list[int], list[int]]], disable_tqdm: bool = False, **kwargs: Any
     ) -> list[tuple[float, bool]]:
         pairs = [(context, continuation) for _, context, continuation in requests]
-        results = continuation_logprobs(self.model, pairs, self.max_length, self.batch_size, self._device)
+        results = continuation_logprobs(
+            self.model, pairs, self.max_length, self.batch_size, self._device, self._thread_tuner
+        )
         for (key, _, _), result in zip(requests, results):
             self.cache_hook.add_partial("loglikelihood", key, result)
         return results

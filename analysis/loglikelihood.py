@@ -9,11 +9,12 @@ return natural-log probabilities.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from components.objective import token_losses
+from runtime.cpu_thread_tuning import LoopThreadTuner, cpu_thread_tuner
 
 
 def _truncate(context: list[int], continuation: list[int], max_length: int) -> tuple[list[int], list[int]]:
@@ -31,9 +32,12 @@ def continuation_logprobs(
     max_length: int,
     batch_size: int = 8,
     device: str | torch.device = "cpu",
+    tuner: Optional[LoopThreadTuner] = None,
 ) -> list[tuple[float, bool]]:
     """For each (context ids, continuation ids): (sum of log p(continuation token | everything before it),
-    whether greedy decoding would have produced the whole continuation). Contexts are non-empty."""
+    whether greedy decoding would have produced the whole continuation). Contexts are non-empty. ``tuner``:
+    keeps the CPU thread count right for the machine's load (``runtime/cpu_thread_tuning.py``)."""
+    tuner = tuner or cpu_thread_tuner(device, invariant=False)
     out: list[tuple[float, bool]] = [(0.0, True)] * len(pairs)
     # longest first: batches of similar lengths pad less
     order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
@@ -45,7 +49,8 @@ def continuation_logprobs(
         ids = torch.zeros(len(items), width, dtype=torch.long)  # [B, T] right-padded
         for row, x in enumerate(inputs):
             ids[row, : len(x)] = torch.tensor(x)
-        logits = model(ids.to(device)).float().cpu()  # [B, T, V]
+        with tuner.timed_step(work=ids.numel()):
+            logits = model(ids.to(device)).float().cpu()  # [B, T, V]
         for row, (i, (context, continuation)) in enumerate(zip(chunk, items)):
             if not continuation:
                 continue

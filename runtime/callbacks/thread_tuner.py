@@ -15,21 +15,8 @@ from typing import Any, Optional
 import lightning as L
 import torch
 
-from runtime.cpu_thread_tuning import ThreadTuner, TuningPlan
+from runtime.cpu_thread_tuning import ThreadTuner, TuningPlan, thread_invariant
 from runtime.cpu_threads import describe_wait_policy
-
-# components whose training steps give the same bits on any thread count, checked by switching the count
-# mid-run (tests/runtime/test_thread_tuner.py); K3-style compositions (KDA, MLA, the latent MoE, MTP) are
-# not: experiment=k3_tiny switched between 1 and 2 threads drifts at step 4 (5.5229349 against 5.5229359)
-THREAD_INVARIANT = {"mixer": {"gqa"}, "ffn": {"dense"}, "residual": {"plain"}, "balancer": {"none"}}
-
-
-def thread_invariant(root: Any) -> bool:
-    """Whether the composition is built only of components known to train the same on any thread count."""
-    for group, names in THREAD_INVARIANT.items():
-        if getattr(getattr(root, group), "name", None) not in names:
-            return False
-    return not root.mixers and not root.ffns and not root.model.mtp_depth
 
 
 class CpuThreadTuner(L.Callback):
