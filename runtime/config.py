@@ -81,7 +81,9 @@ class TrainerConfig:
     # and keeps the fastest, so a run beside other busy processes takes the cores it can use and leaves
     # the rest (runtime/cpu_thread_tuning.py; results do not depend on it); "fixed" keeps the count the
     # process started with (OMP_NUM_THREADS, else one per core). Ignored on GPUs and with several ranks.
-    cpu_threads: str = "auto"
+    # fixed by default: measured side by side (benchmarks/busy_machine.py), auto has not yet beaten it
+    # beside busy processes (0.26-0.73 of the fair share against fixed's 0.43-0.79) and costs 5% alone
+    cpu_threads: str = "fixed"
 
 
 @dataclass

@@ -50,10 +50,11 @@ def test_auto_tunes_only_one_process_cpu_runs_of_thread_invariant_compositions()
     from runtime.callbacks.thread_tuner import CpuThreadTuner
     from tests.helpers import compose_root
 
-    assert CpuThreadTuner.for_run(compose_root()).enabled  # the default run
-    assert not CpuThreadTuner.for_run(compose_root("trainer.cpu_threads=fixed")).enabled
-    assert not CpuThreadTuner.for_run(compose_root("trainer.devices=2", "trainer.strategy=ddp")).enabled  # CPU ranks
-    assert not CpuThreadTuner.for_run(compose_root("trainer=gpu")).enabled
-    k3 = CpuThreadTuner.for_run(compose_root("experiment=k3_tiny"))  # drifts when switched: not tuned
+    auto = "trainer.cpu_threads=auto"
+    assert CpuThreadTuner.for_run(compose_root(auto)).enabled  # the default run's composition
+    assert not CpuThreadTuner.for_run(compose_root()).enabled  # fixed is the default
+    assert not CpuThreadTuner.for_run(compose_root(auto, "trainer.devices=2", "trainer.strategy=ddp")).enabled
+    assert not CpuThreadTuner.for_run(compose_root(auto, "trainer=gpu")).enabled
+    k3 = CpuThreadTuner.for_run(compose_root(auto, "experiment=k3_tiny"))  # drifts when switched: not tuned
     assert not k3.enabled and k3.summary()["requested"] == "auto" and k3.summary()["mode"] == "fixed"
-    assert not CpuThreadTuner.for_run(compose_root("model.mtp_depth=1")).enabled
+    assert not CpuThreadTuner.for_run(compose_root(auto, "model.mtp_depth=1")).enabled
