@@ -98,16 +98,19 @@ def _composed(data: Any, where: str) -> tuple[RootConfig, Decoder]:
         raise RunLoadError(f"{where}: its composed config does not build a model ({detail})") from None
 
 
-def resolve_checkpoint(path: str) -> str:
-    """The checkpoint file ``path`` names: itself, or a run folder's newest readable one."""
-    if os.path.isfile(path) or layout.is_sharded(path):
-        return path
-    if not os.path.isdir(path):
-        raise RunLoadError(f"{path}: no such run folder or checkpoint file")
+def read_checkpoint(path: str) -> tuple[str, dict[str, Any]]:
+    """(path, verified content) of the checkpoint ``path`` names: itself, or a run folder's newest readable one,
+    each read once."""
     try:
-        newest = layout.newest_readable(path)
+        if os.path.isfile(path) or layout.is_sharded(path):
+            return path, load_checkpoint_file(path)
+        if not os.path.isdir(path):
+            raise RunLoadError(f"{path}: no such run folder or checkpoint file")
+        newest = layout.newest_readable_content(path)
     except NoReadableCheckpoint:
         raise RunLoadError(f"{path}: none of its {len(layout.candidates(path))} checkpoints is readable") from None
+    except CorruptCheckpointError as err:
+        raise RunLoadError(str(err)) from None
     if newest is None:
         raise RunLoadError(
             f"{path}: no checkpoint in {layout.folder_of(path)} (not a run folder, or it never saved one)"
@@ -139,11 +142,7 @@ def load_run(
     if is_checkpoint_folder(path):
         root, model = load_exported(path)
         return root, model.to(device=device, dtype=dtype).eval()
-    ckpt_path = resolve_checkpoint(path)
-    try:
-        ckpt = load_checkpoint_file(ckpt_path)
-    except CorruptCheckpointError as err:
-        raise RunLoadError(str(err)) from None
+    ckpt_path, ckpt = read_checkpoint(path)
     if CONFIG_KEY not in ckpt:
         raise RunLoadError(
             f"{ckpt_path} holds no run config (written before checkpoints carried one); resume it once with "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from runtime.checkpoints.read import CorruptCheckpointError, load_checkpoint_file
 
@@ -64,19 +64,27 @@ def has_checkpoint(run_dir: str) -> bool:
     return bool(candidates(run_dir))
 
 
-def newest_readable(run_dir: str, on_refused: Callable[[str], None] = lambda message: None) -> Optional[str]:
-    """The newest checkpoint of ``run_dir`` that reads completely (None when it has none); each unreadable
-    one is reported through ``on_refused`` and skipped; NoReadableCheckpoint when every one is refused."""
+def newest_readable_content(
+    run_dir: str, on_refused: Callable[[str], None] = lambda message: None
+) -> Optional[tuple[str, dict[str, Any]]]:
+    """(path, verified content) of the newest checkpoint of ``run_dir`` that reads completely (None when it has
+    none), read once; each unreadable one is reported through ``on_refused`` and skipped; NoReadableCheckpoint
+    when every one is refused."""
     found = candidates(run_dir)
     for path in found:
         try:
-            load_checkpoint_file(path)
-            return path
+            return path, load_checkpoint_file(path)
         except (CorruptCheckpointError, FileNotFoundError) as err:
             on_refused(str(err))
     if found:
         raise NoReadableCheckpoint(f"no readable checkpoint in {folder_of(run_dir)} (all {len(found)} refused)")
     return None
+
+
+def newest_readable(run_dir: str, on_refused: Callable[[str], None] = lambda message: None) -> Optional[str]:
+    """The path of ``newest_readable_content``: the newest checkpoint of ``run_dir`` that reads completely."""
+    newest = newest_readable_content(run_dir, on_refused)
+    return None if newest is None else newest[0]
 
 
 def resume_point(ckpt_path: Optional[str], run_dir: str, log: Callable[[str], None] = print) -> Optional[str]:
