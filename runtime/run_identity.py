@@ -23,6 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 
 from runtime.config import to_container
 from runtime.run_folder import config_fingerprint
+from runtime.sweep_job import split_override
 
 TRAIN, EVALUATION, SWEEP_POINT, LADDER_RUNG = "train", "evaluation", "sweep-point", "ladder-rung"
 JOB_TYPES = (TRAIN, EVALUATION, SWEEP_POINT, LADDER_RUNG)
@@ -129,11 +130,6 @@ def layer_plans(root: Any) -> dict[str, str]:
 
 
 # -- overrides and hashes ---------------------------------------------------------------------------------
-def split_override(override: str) -> tuple[str, str]:
-    key, _, value = override.partition("=")
-    return key.lstrip("+~"), value
-
-
 def identity_overrides(overrides: Iterable[str], with_seed: bool = True) -> list[str]:
     """The overrides that change what a run trains (the last value of a key given twice), in order."""
     final: dict[str, str] = {}
