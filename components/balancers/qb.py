@@ -37,13 +37,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from components.balancers import load_stats
 from components.balancers.base import Balancer
 from components.balancers.load_stats import (
     find_routers,
     maxvio_metrics,
     reduce_router_stats_,
     reduced_loads,
-    router_stats_group,
 )
 from components.config import ComponentConfig
 from components.distributed import world_size
@@ -130,7 +130,7 @@ def _all_gather_rows(r: torch.Tensor) -> torch.Tensor:
     """Concatenate every rank's ``[M_rank, E]`` block (ranks may hold different M)."""
     if world_size() == 1:
         return r
-    group = router_stats_group()
+    group = load_stats.router_stats_group()  # looked up when called: the one place that names the group
     n = torch.tensor([r.shape[0]], device=r.device)
     sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size(group))]
     dist.all_gather(sizes, n, group=group)
