@@ -67,13 +67,13 @@ def _plant(defect: str) -> None:
 
         strategies.shard_fsdp2 = shard_with_default_division
     elif defect == "ep_group_router_stats":
-        distribute = expert_parallel.distribute_experts
+        distribute = strategies.distribute_experts  # the name the FSDP2 recipe calls
 
         def distribute_and_capture(model: Any, ep_mesh: Any) -> Any:
             load_stats.router_stats_group = lambda: ep_mesh.get_group()
             return distribute(model, ep_mesh)
 
-        expert_parallel.distribute_experts = distribute_and_capture
+        strategies.distribute_experts = distribute_and_capture
     elif defect:
         raise SystemExit(f"PLANTED_DEFECT: '{defect}' is not one of {', '.join(DEFECTS)}")
 
