@@ -47,7 +47,7 @@ class DiskFull(L.Callback):
         io = trainer.strategy.checkpoint_io
         if getattr(io, "filled_by", None) is self:  # setup runs again for the final validation
             return
-        write = io.write_file  # runtime/checkpoint_io.py's AtomicCheckpointIO
+        write = io.write_file  # runtime/checkpoints/write.py's AtomicCheckpointIO
 
         def write_or_fill_up(checkpoint: dict, path: str) -> None:
             self.writes += 1
