@@ -3,7 +3,7 @@
 Examples: ``python train.py mixer=mqa ffn.activation=swiglu trainer.max_steps=20``,
 ``python train.py data=mqar model=tiny``, ``python train.py -m mixer=mha,gqa,mqa``.
 The config is composed and validated once, before anything is written (runtime/train_command.py),
-then trained by ``runtime.run.train``.
+then trained by ``runtime.training_run.train``.
 """
 
 from __future__ import annotations

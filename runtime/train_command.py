@@ -1,4 +1,4 @@
-"""``python train.py [flags] [overrides]``: one path from the command line to ``runtime.run.train``.
+"""``python train.py [flags] [overrides]``: one path from the command line to ``runtime.training_run.train``.
 
     --help, --cfg job|hydra|all   printed from the same composition a run uses (runtime/config_preview.py)
     --info, --hydra-help, ...     Hydra's own answers
@@ -122,7 +122,7 @@ def prepare_single_run(overrides: list[str]) -> SingleRun:
 
 def run_single(run: SingleRun) -> dict[str, Any]:
     """Train ``run`` as Hydra's job (``.hydra/`` written, Hydra's config and callbacks in place); the summary."""
-    from runtime.run import train  # start-up time: lightning, only once a run starts
+    from runtime.training_run import train  # start-up time: lightning, only once a run starts
 
     callbacks = Callbacks(run.cfg)
     callbacks.on_run_start(config=run.cfg, config_name=CONFIG_NAME)
@@ -179,7 +179,7 @@ def _multirun_job(cfg: DictConfig) -> Optional[float]:
     """One job of a multirun, as Hydra's launcher calls it; its validation loss (the Optuna objective)."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_only  # start-up time: lightning, only once a run starts
 
-    from runtime.run import train  # start-up time: lightning, only once a run starts
+    from runtime.training_run import train  # start-up time: lightning, only once a run starts
 
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)

@@ -120,12 +120,12 @@ class _Tee(io.TextIOBase):
 def train_in_process(*overrides: str, threads: int | None = None) -> TrainedRun:
     """``python train.py overrides...`` in this process: the config composed, validated and checked to fit
     and the run folder chosen as the command line does (``runtime.train_command.prepare_single_run``), then
-    ``runtime.run.train``. Every process-wide setting a run changes is put back afterwards
+    ``runtime.training_run.train``. Every process-wide setting a run changes is put back afterwards
     (``isolated_process_state``); ``threads`` runs it on that many threads (a run compared bit for bit with
     one started with ``OMP_NUM_THREADS``). Raises what the run raises (the command line turns ConfigError,
     NonFiniteTrainingError and CheckpointWriteError into exit statuses 2, 3 and 4)."""
-    from runtime.run import train
     from runtime.train_command import prepare_single_run
+    from runtime.training_run import train
 
     with isolated_process_state():
         if threads is not None:

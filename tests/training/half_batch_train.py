@@ -68,10 +68,10 @@ class HalfBatchModule(lit_module.LanguageModelModule):
 
 
 def main() -> None:
-    import runtime.run
+    import runtime.training_run
     from runtime.train_command import main as train_main
 
-    runtime.run.LanguageModelModule = HalfBatchModule  # the training module runtime.run builds
+    runtime.training_run.LanguageModelModule = HalfBatchModule  # the training module runtime.training_run builds
     sys.exit(train_main(sys.argv[1:]))
 
 

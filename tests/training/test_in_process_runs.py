@@ -80,8 +80,8 @@ def test_a_run_in_this_process_leaves_the_process_as_it_found_it(tmp_path):
     """A run changes the random generators, deterministic-algorithm flags, environment (W&B's service and
     mode, Lightning's seed), warning filters and a Lightning logger's level; all of it is put back, and a
     second run from there trains the same losses."""
-    from runtime.run import train
     from runtime.train_command import prepare_single_run
+    from runtime.training_run import train
 
     def train_here(folder: str) -> dict[int, float]:
         run = prepare_single_run([*RUN, "logger=wandb", f"output_root={tmp_path / folder}"])

@@ -50,7 +50,7 @@ def test_lightning_takes_ranks_from_slurm_and_spawns_nothing(slurm_task, tmp_pat
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
     from lightning_utilities.core.rank_zero import rank_zero_only
 
-    from runtime.run import build_trainer
+    from runtime.training_run import build_trainer
 
     monkeypatch.setattr(rank_zero_only, "rank", 0)  # building a rank-9 trainer sets it process-wide
     root = compose_root("trainer=slurm", "trainer.accelerator=cpu", f"output_root={tmp_path}", "logger=csv")
