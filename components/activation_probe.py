@@ -11,7 +11,8 @@ returns the largest magnitudes it met:
 Every GLU holder in the model keeps its activation in an ``act`` attribute (``components/ffn/dense.py``,
 ``components/ffn/experts.py``); the probe wraps those for the one pass, and hooks the FFNs' outputs.
 Compiled layers run eagerly for the pass (``torch.compiler.set_stance("force_eager")``), so the hooks fire
-and no graph is recompiled.
+and no graph is recompiled. On a model split over ranks (FSDP2, expert parallelism) the pass is a forward
+like any other: every rank calls it, as validation does (``runtime/lit_module.py``).
 """
 
 from __future__ import annotations

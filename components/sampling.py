@@ -6,6 +6,7 @@ from typing import Callable, Optional
 
 import torch
 
+from components.distributed import require_whole_model
 from components.model import Decoder
 
 
@@ -27,8 +28,10 @@ def generate(
     whose probability reaches ``top_p`` (nucleus) when given. The prompt is processed once (prefill);
     every later step feeds only the newest token through the cache. ``on_token`` sees each new
     ``[B, 1]`` token as it is chosen (streaming); returning True stops generation after that token
-    (a stop sequence), so the result may be shorter.
+    (a stop sequence), so the result may be shorter. A model split over ranks is refused by name
+    (``require_whole_model``).
     """
+    require_whole_model(model, "generate")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_p is not None and not 0 < top_p <= 1:

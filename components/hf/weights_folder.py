@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
+from components.distributed import require_whole_model
 from components.hf import mxfp4
 from components.hf.key_map import TEXT_PREFIX, checkpoint_mappings, checkpoint_prefix, to_checkpoint
 from components.hf.safetensors_files import INDEX, SINGLE, iter_tensors, tensor_infos, write_checkpoint
@@ -38,7 +39,9 @@ def export_weights(
 ) -> list[str]:
     """Write ``model``'s weights into the empty folder ``folder``; returns the files written. ``dtype``
     casts floating tensors (the selection bias stays fp32); ``mxfp4_experts`` packs routed experts;
-    ``shape_of(key, shape)`` gives a tensor the view a target class stores it in (same numbers)."""
+    ``shape_of(key, shape)`` gives a tensor the view a target class stores it in (same numbers). A model
+    split over ranks is refused by name (``require_whole_model``)."""
+    require_whole_model(model, "export")
     out = {}
     for key, t in to_checkpoint(model, prefix).items():
         if shape_of is not None:
