@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import tempfile
 import zipfile
 from typing import Any
 
@@ -48,6 +49,28 @@ def check_sharded_checkpoint(path: str) -> dict[str, Any]:
             what = "missing" if have < 0 else f"truncated ({have} of {size} bytes)"
             raise CorruptCheckpointError(f"checkpoint {path} is unreadable: shard {name} is {what}")
     return state
+
+
+def consolidated_checkpoint(path: str) -> dict[str, Any]:
+    """A sharded checkpoint folder read whole into this one process, in the layout of a checkpoint file: the
+    trainer state, ``state_dict`` (every weight as a plain tensor, global shapes) and ``optimizer_states``
+    (each optimizer's state keyed by parameter name, as the sharded run saved it: ``Optimizer.load_state_dict``
+    pairs saved and current parameters by their order in each param group, which the same composition
+    repeats). Verified first (CorruptCheckpointError). The whole model and its optimizer state must fit in
+    memory: what a one-process run of the same model needs anyway."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # start-up time: DCP, sharded only
+
+    state = check_sharded_checkpoint(path)
+    with tempfile.TemporaryDirectory() as scratch:
+        whole = os.path.join(scratch, "whole.pt")
+        dcp_to_torch_save(path, whole)
+        content = torch.load(whole, map_location="cpu", weights_only=True)
+    optimizers = sorted((k for k in content if k.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
+    return {
+        **state,
+        "state_dict": content["state_dict"],
+        "optimizer_states": [content[k] for k in optimizers],
+    }
 
 
 def load_checkpoint_file(path: str, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:

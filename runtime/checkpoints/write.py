@@ -3,7 +3,8 @@
 A checkpoint is written to a temporary file in the same folder, flushed to disk, then renamed over the
 target (atomic on POSIX), so a crash mid-write keeps the previous good checkpoint, and a full disk
 (the write fails) does too: ``CheckpointWriteError`` names the checkpoint. Loading is
-``runtime/checkpoints/read.py``'s (a truncated or corrupt file refused by name).
+``runtime/checkpoints/read.py``'s (a truncated or corrupt file refused by name; a sharded run's
+checkpoint folder read whole, so a one-process or DDP run resumes or branches from it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any, Callable, Optional
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from runtime.checkpoints.read import load_checkpoint_file
+from runtime.checkpoints.layout import is_sharded
+from runtime.checkpoints.read import consolidated_checkpoint, load_checkpoint_file
 
 
 class CheckpointWriteError(RuntimeError):
@@ -58,6 +60,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             f.flush()
             os.fsync(f.fileno())
 
+    def load_checkpoint(
+        self,
+        path: str,
+        map_location: Optional[Callable] = lambda storage, loc: storage,
+        weights_only: Optional[bool] = None,
+    ) -> dict[str, Any]:
+        if is_sharded(str(path)):  # a sharded run's checkpoint, resumed or branched from by this one
+            return consolidated_checkpoint(str(path))
+        return load_checkpoint_file(str(path), map_location)
+
 
 class _WriteErrors:
     """A binary file's ``write`` that keeps the OSError a failing write raised."""
@@ -75,11 +87,3 @@ class _WriteErrors:
 
     def flush(self) -> None:
         self.f.flush()
-
-    def load_checkpoint(
-        self,
-        path: str,
-        map_location: Optional[Callable] = lambda storage, loc: storage,
-        weights_only: Optional[bool] = None,
-    ) -> dict[str, Any]:
-        return load_checkpoint_file(str(path), map_location)
