@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import sys
 
-from runtime.train_command import main
+from runtime.cpu_wait_policy import choose_at_startup
+
+choose_at_startup()  # before torch loads: OpenMP reads its wait policy once, when it loads
+
+from runtime.train_command import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

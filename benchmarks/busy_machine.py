@@ -5,8 +5,10 @@
 
 PyTorch's OpenMP threads spin while they wait for work; beside other busy processes the run's threads
 wait for siblings the scheduler has put aside, and a run slows down several-fold. ``trainer.cpu_threads=auto``
-(the CPU default) times steps at each thread count and keeps the fastest (runtime/cpu_thread_tuning.py);
-``fixed`` is the behaviour before it (one thread per core, libgomp's default wait policy). This measures
+times steps at each thread count and keeps the fastest (runtime/cpu_thread_tuning.py), and every run's
+OpenMP wait policy is chosen at start-up from the machine's load (passive when other processes are busy,
+runtime/cpu_wait_policy.py); the baseline ``fixed (before)`` is the behaviour before both (one thread per
+core, libgomp's default wait policy). This measures
 the default run's steady-state tokens/s (``train.py`` with the README's configuration, after the warm steps
 and the tuner's first probe) under both, alone and beside 1 and 2 competitors of two kinds: a
 single-threaded pure-Python busy loop, and a PyTorch matmul loop on every core with the default settings.
@@ -28,6 +30,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from runtime.cpu_wait_policy import CHOICE
 from runtime.rate_probe import REPO, probe_rate
 
 COMPETITORS = {
@@ -36,6 +39,8 @@ COMPETITORS = {
 }
 SETUPS = {"fixed (before)": "trainer.cpu_threads=fixed", "auto": "trainer.cpu_threads=auto"}
 BEFORE, TUNED = SETUPS
+# the baseline keeps libgomp's default wait policy: marked as chosen already, train.py does not choose one
+BASELINE_ENV = {CHOICE: "spin, then sleep (libgomp default: the benchmark's baseline)"}
 # steps left out of each rate: the first steps (compilation) and the tuner's first probe (2 warm steps,
 # 3 timed on each of up to 2 counts and a settling step: runtime/cpu_thread_tuning.TuningPlan)
 WARM_STEPS = 10
@@ -147,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, args.rounds, args.max_competitors = 6, 1, 1
 
     cores = os.cpu_count() or 1
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
+    unset = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", CHOICE)
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(WANDB_MODE="disabled", PYTHONPATH=str(REPO))
     conditions = [(load, setup) for load in loads(args.max_competitors) for setup in SETUPS]
     measured: dict[tuple[Load, str], list[float]] = {c: [] for c in conditions}
@@ -157,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             competitors = start_competitors(load)
             try:
                 overrides = ["logger=csv", SETUPS[setup], *args.overrides]
-                rate = probe_rate(overrides, args.steps, env=env, warm=args.warm)
+                setup_env = {**env, **(BASELINE_ENV if setup == BEFORE else {})}
+                rate = probe_rate(overrides, args.steps, env=setup_env, warm=args.warm)
             finally:
                 stop(competitors)
             measured[(load, setup)].append(rate.tokens_per_s)

@@ -81,9 +81,9 @@ class TrainerConfig:
     # and keeps the fastest, so a run beside other busy processes takes the cores it can use and leaves
     # the rest (runtime/cpu_thread_tuning.py; results do not depend on it); "fixed" keeps the count the
     # process started with (OMP_NUM_THREADS, else one per core). Ignored on GPUs and with several ranks.
-    # fixed by default: measured side by side (benchmarks/busy_machine.py), auto has not yet beaten it
-    # beside busy processes (0.26-0.73 of the fair share against fixed's 0.43-0.79) and costs 5% alone
-    cpu_threads: str = "fixed"
+    # Measured side by side with the start-up wait policy (benchmarks/busy_machine.py): auto keeps 1.04 of
+    # fixed's speed alone and 0.79-0.87 of the fair share beside busy processes, against fixed's 0.41-0.63
+    cpu_threads: str = "auto"
 
 
 @dataclass

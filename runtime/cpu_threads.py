@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from runtime.cpu_wait_policy import CHOICE
+
 
 def threads_per_job(jobs: int, env: dict[str, str]) -> dict[str, str]:
     """``OMP_NUM_THREADS`` for each of ``jobs`` concurrent runs: the cores split between them. A thread
@@ -28,6 +30,8 @@ def describe_wait_policy(env: dict[str, str] | os._Environ) -> str:
     """How this process's idle OpenMP threads wait, from its environment: libgomp's default (spin a
     while, about 300,000 polls, then sleep; 1,000 polls when threads outnumber the cores the process may
     use), ``OMP_WAIT_POLICY`` (active: spin; passive: sleep at once) or ``GOMP_SPINCOUNT``."""
+    if env.get(CHOICE):
+        return env[CHOICE]  # chosen at start-up, with its reason (runtime/cpu_wait_policy.py)
     policy = env.get("OMP_WAIT_POLICY", "").strip().lower()
     spins = env.get("GOMP_SPINCOUNT", "").strip()
     parts = [f"OMP_WAIT_POLICY={policy}"] if policy else []

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import lightning as L
+import torch
 import wandb
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -39,6 +40,7 @@ from runtime.checkpoints.branching import branch_checkpoint
 from runtime.checkpoints.write import AtomicCheckpointIO
 from runtime.config import RootConfig, to_container
 from runtime.cpu_allocator import keep_freed_memory
+from runtime.cpu_threads import describe_wait_policy
 from runtime.datamodule import TokenDataModule
 from runtime.lit_module import LanguageModelModule
 from runtime.loggers import build_loggers
@@ -220,6 +222,11 @@ def build(root: RootConfig, run_dir: str, extra_config: Optional[dict[str, Any]]
         )
         print(f"training: {length}")
         print(f"precision: {describe_precision(root.trainer.precision, root.trainer.accelerator)}")
+        if thread_tuner.on_cpu:
+            print(
+                f"cpu threads: {torch.get_num_threads()} ({root.trainer.cpu_threads}), idle threads wait: "
+                f"{describe_wait_policy(os.environ)}"
+            )
         if ckpt:
             print(f"{'branching from' if branched else 'resuming from'} {ckpt}")
         if init_weights:

@@ -26,6 +26,7 @@ class CpuThreadTuner(L.Callback):
         self.plan = plan
         self.enabled = enabled
         self.requested = "auto" if enabled else "fixed"  # trainer.cpu_threads, when made by for_run
+        self.on_cpu = True  # the run trains on the CPU (for_run sets it)
         self.apply = apply  # tests force switches through it; None: torch.set_num_threads
         self.tuner: Optional[ThreadTuner] = None  # made at the start of training, on the count it starts with
         self._started = 0.0
@@ -42,6 +43,7 @@ class CpuThreadTuner(L.Callback):
         one_process = t.devices in (1, "auto") and t.num_nodes == 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1
         tuner = cls(enabled=t.cpu_threads == "auto" and on_cpu and one_process and thread_invariant(root))
         tuner.requested = t.cpu_threads
+        tuner.on_cpu = on_cpu
         return tuner
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:

@@ -103,7 +103,7 @@ def test_an_unknown_mode_is_refused_naming_the_key():
     from components.registry import ConfigError
     from tests.helpers import compose_root
 
-    assert compose_root().trainer.cpu_threads == "fixed"  # the default until auto beats it on a busy machine
+    assert compose_root().trainer.cpu_threads == "auto"  # it beats fixed beside busy processes and alone
     assert compose_root("trainer.cpu_threads=auto").trainer.cpu_threads == "auto"
     with pytest.raises(ConfigError, match=r"trainer\.cpu_threads: 'many' is not allowed; choose one of auto, fixed"):
         compose_root("trainer.cpu_threads=many")

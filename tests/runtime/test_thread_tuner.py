@@ -51,8 +51,8 @@ def test_auto_tunes_only_one_process_cpu_runs_of_thread_invariant_compositions()
     from tests.helpers import compose_root
 
     auto = "trainer.cpu_threads=auto"
-    assert CpuThreadTuner.for_run(compose_root(auto)).enabled  # the default run's composition
-    assert not CpuThreadTuner.for_run(compose_root()).enabled  # fixed is the default
+    assert CpuThreadTuner.for_run(compose_root()).enabled  # the default run: auto is the default
+    assert not CpuThreadTuner.for_run(compose_root("trainer.cpu_threads=fixed")).enabled
     assert not CpuThreadTuner.for_run(compose_root(auto, "trainer.devices=2", "trainer.strategy=ddp")).enabled
     assert not CpuThreadTuner.for_run(compose_root(auto, "trainer=gpu")).enabled
     k3 = CpuThreadTuner.for_run(compose_root(auto, "experiment=k3_tiny"))  # drifts when switched: not tuned

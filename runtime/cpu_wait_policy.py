@@ -1,0 +1,84 @@
+"""How a command's idle OpenMP threads wait, chosen once when it starts, from how busy the machine is.
+
+libgomp (the OpenMP runtime of PyTorch's Linux CPU wheels) reads its wait policy when it loads, with torch,
+so it can only be chosen before the process imports torch: ``choose_at_startup`` is the first thing
+``train.py`` and the analysis commands do. Measured on the default run (``benchmarks/busy_machine.py``,
+2 threads on 2 cores): alone, spinning is fastest (passive waiting costs 13%); beside busy processes,
+spinning threads steal the cores their siblings need and the run keeps 0.4-0.66 of its fair share, while
+passive waiting (sleep at once) keeps 0.84-1.2. So a machine found busy at start-up gets
+``OMP_WAIT_POLICY=passive``; an idle one keeps libgomp's default. Load that arrives later is met by the
+thread count (``runtime/cpu_thread_tuning.py``). The wait policy never changes a result, only how long a
+thread waits for work.
+
+The choice and its reason travel in the environment (``CHOICE``), so processes a command starts (Lightning's
+ranks, a study's jobs) inherit it instead of measuring again; an ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``
+the user set is kept. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable, MutableMapping, Optional
+
+CHOICE = "K3_CPU_WAIT_POLICY"  # the environment variable holding what was chosen and why
+USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+BUSY_CORES = 0.5  # other processes using at least this many cores at start-up: the machine is busy
+SAMPLE_SECONDS = 0.25
+
+
+def _cpu_times() -> Optional[tuple[float, float]]:
+    """(busy, total) jiffies of every core since boot, from /proc/stat (None where there is none)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def other_busy_cores(sample_seconds: float = SAMPLE_SECONDS) -> Optional[float]:
+    """How many cores other processes kept busy over ``sample_seconds`` (this process's own CPU time taken
+    out); None where the machine does not say (no /proc/stat)."""
+    before, own_before = _cpu_times(), os.times()
+    time.sleep(sample_seconds)
+    after, own_after = _cpu_times(), os.times()
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    cores = os.cpu_count() or 1
+    busy = (after[0] - before[0]) / (after[1] - before[1]) * cores  # cores' worth of busy time
+    own = (own_after.user + own_after.system - own_before.user - own_before.system) / sample_seconds
+    return max(0.0, busy - own)
+
+
+def choose_at_startup(
+    env: MutableMapping[str, str] = os.environ,
+    measure: Callable[[], Optional[float]] = other_busy_cores,
+    imported: Optional[set[str]] = None,
+) -> Optional[str]:
+    """Set the wait policy in ``env`` for this process (and those it starts) and return why, or None when it
+    is too late (torch already imported: in-process callers keep what their process has)."""
+    modules = sys.modules if imported is None else imported
+    if "torch" in modules:
+        return None
+    if CHOICE in env:
+        return env[CHOICE]  # decided by the process that started this one
+    set_by_user = [f"{k}={env[k]}" for k in USER_VARIABLES if env.get(k)]
+    if set_by_user:
+        reason = f"{', '.join(set_by_user)} (set by the environment)"
+    elif env.get("OMP_NUM_THREADS", "").strip() == "1":
+        reason = "one thread: no team waits"
+    else:
+        busy = measure()
+        cores = os.cpu_count() or 1
+        if busy is None:
+            reason = "spin, then sleep (libgomp default; the machine's load is unknown)"
+        elif busy >= BUSY_CORES:
+            env["OMP_WAIT_POLICY"] = "passive"
+            reason = f"OMP_WAIT_POLICY=passive ({busy:.1f} of {cores} cores busy with other processes at start-up)"
+        else:
+            reason = f"spin, then sleep (libgomp default; {busy:.1f} of {cores} cores busy at start-up)"
+    env[CHOICE] = reason
+    return reason
