@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from runtime.cpu_wait_policy import BUSY_CORES, CHOICE, choose_at_startup, other_busy_cores
 from runtime.jsonl_logger import read_metrics
 from tests.helpers import REPO, run_train
@@ -71,8 +73,10 @@ def test_train_py_chooses_before_torch_loads_and_its_children_inherit(tmp_path):
     assert line and ("passive" in line[0] or "libgomp default" in line[0]), done.stdout[-2000:] + done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_the_wait_policy_never_changes_a_result(tmp_path):
-    """Two threads waiting passively or spinning train the same losses to the bit."""
+    """Two threads waiting passively or spinning train the same losses to the bit (two runs of their own: the
+    policy is fixed when a process loads torch)."""
     losses = {}
     for policy in ("passive", "active"):
         run = run_train(
