@@ -45,6 +45,7 @@ from runtime.cli import finite_float, int_at_least, new_output_path, torch_devic
 from runtime.cpu_thread_tuning import LoopThreadTuner, cpu_thread_tuner, thread_invariant
 from runtime.load_run import RunLoadError, load_run
 from runtime.loggers import _wandb_settings, wandb_mode
+from runtime.precision import forward_autocast
 
 RESULTS_FILE = "lengths.json"
 HARNESS_FILE = "harness.json"
@@ -135,10 +136,13 @@ def evaluate_length(
     batch_tokens: int,
     device: str,
     tuner: Optional[LoopThreadTuner] = None,
+    precision: str = "32-true",
 ) -> dict[str, Any]:
     """Loss (and the dataset's metrics, e.g. bpb) at ``length`` over consecutive windows of the validation
     stream ``val [N]``, overall and per position bucket. ``tuner``: keeps the CPU thread count right for the
-    machine's load (``runtime/cpu_thread_tuning.py``); None: the count as it is."""
+    machine's load (``runtime/cpu_thread_tuning.py``); None: the count as it is. ``precision``: the run's
+    (``trainer.precision``, resolved): a mixed-precision run's forward is computed under its autocast, as
+    its validation was."""
     tuner = tuner or cpu_thread_tuner(device, invariant=False)
     windows = min(max(1, tokens // length), (len(val) - 1) // length)
     masking = dataset.eod_id if dataset.document_masking else None
@@ -152,7 +156,7 @@ def evaluate_length(
         )  # [B, L+1]
         x, y = chunk[:, :-1], chunk[:, 1:]
         segments = document_segments(x, dataset.eod_id, dataset.document_masking)
-        with tuner.timed_step(work=x.numel()):
+        with tuner.timed_step(work=x.numel()), forward_autocast(precision, device):
             logits = model(x, segments=segments).float()  # [B, L, V]
         token_loss = token_losses(logits, y)  # [B, L]
         position = positions_in_context(x, masking)
@@ -260,7 +264,7 @@ def evaluate_lengths(
     results = []
     tuner = cpu_thread_tuner(device, invariant=thread_invariant(root))  # evaluation keeps its share of the cores
     for length in lengths:
-        r = evaluate_length(model, dataset, val, length, tokens, batch_tokens, device, tuner)
+        r = evaluate_length(model, dataset, val, length, tokens, batch_tokens, device, tuner, root.trainer.precision)
         results.append(r)
         metric = dataset.metrics.primary if dataset.metrics.primary in r else "loss"
         print(

@@ -7,6 +7,11 @@ config is validated, so the run's config, its W&B record and its summary name th
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
+import torch
+
 from components.ops.bf16_support import cpu_has_native_bf16
 from runtime.memory_check import is_gpu_run
 
@@ -34,3 +39,15 @@ def describe_precision(precision: str, accelerator: str) -> str:
             "bf16 products run far slower than fp32 here; trainer.precision=auto or 32-true trains in fp32"
         )
     return f"{precision} (this CPU has no native bf16 matrix products)" if precision == FP32 else precision
+
+
+MIXED_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+def forward_autocast(precision: str, device: Any) -> contextlib.AbstractContextManager:
+    """The autocast a run of ``precision`` computed its forward under (Lightning's mixed-precision plugin), for
+    a forward outside the trainer that must reproduce the run's validation: a no-op for true precisions."""
+    dtype = MIXED_DTYPES.get(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
