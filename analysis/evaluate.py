@@ -46,6 +46,7 @@ from runtime.cpu_thread_tuning import LoopThreadTuner, cpu_thread_tuner, thread_
 from runtime.load_run import RunLoadError, load_run
 from runtime.loggers import _wandb_settings, wandb_mode
 from runtime.precision import forward_autocast
+from runtime.wandb_offline import wait_for_a_new_segment_name
 
 RESULTS_FILE = "lengths.json"
 HARNESS_FILE = "harness.json"
@@ -204,6 +205,8 @@ def log_to_wandb(run_dir: Path, root: Any, metrics: dict[str, float]) -> Optiona
         return None
     import wandb  # start-up time: wandb, only for runs W&B recorded
 
+    if mode == "offline":
+        wait_for_a_new_segment_name(run_dir / "wandb", info["wandb_id"])
     run = wandb.init(
         id=info["wandb_id"],
         resume="allow",

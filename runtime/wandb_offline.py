@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -45,6 +46,17 @@ def segments(wandb_dir: Path, run_id: Optional[str] = None) -> list[Path]:
     if run_id is not None:
         found = [p for p in found if run_id_of(p) == run_id]
     return sorted(found, key=lambda p: _FOLDER.match(p.name).group(1))
+
+
+def wait_for_a_new_segment_name(wandb_dir: Path, run_id: str) -> None:
+    """Sleep into the next second when a segment of ``run_id`` was started in this one: an offline folder is
+    named by the second its segment starts, so a second segment started within the same second (an
+    evaluation right after a short run) would be written into the first one's folder."""
+    while True:
+        now = time.strftime("%Y%m%d_%H%M%S", time.localtime())
+        if not (Path(wandb_dir) / f"offline-run-{now}-{run_id}").exists():
+            return
+        time.sleep(1.0 - (time.time() % 1.0) + 0.01)
 
 
 def read_records(folder: Path, timeout: float = 120) -> list[dict[str, Any]]:

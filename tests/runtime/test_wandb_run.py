@@ -115,3 +115,19 @@ def test_layer_plan_sweep_with_long_values_runs(tmp_path):
     assert all(len(t) <= 64 for r in runs for t in r.tags)
     assert [r.config["run"]["layer_plan"] for r in runs] == ["KKKM", "KMKM"]
     assert runs[0].config["sweep"]["model.mixer_plan.repeat"] == "[mixer,mixer,mixer,mixer,mixer,mixer,mixer,mla]"
+
+
+def test_a_second_offline_segment_never_shares_the_first_ones_folder(tmp_path):
+    """Offline folders are named by the second a segment starts: a segment started within the same second as
+    another of its run (an evaluation right after a short run) waits into the next second."""
+    import time
+
+    from runtime.wandb_offline import wait_for_a_new_segment_name
+
+    now = time.strftime("%Y%m%d_%H%M%S", time.localtime())
+    (tmp_path / f"offline-run-{now}-abc123").mkdir()
+    wait_for_a_new_segment_name(tmp_path, "abc123")
+    assert time.strftime("%Y%m%d_%H%M%S", time.localtime()) != now
+    started = time.monotonic()
+    wait_for_a_new_segment_name(tmp_path, "other")  # another run's folder: no wait
+    assert time.monotonic() - started < 0.5
