@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from runtime.cpu_wait_policy import CHOICE
+from runtime.cpu_wait_policy import CHOICE, USER_VARIABLES
 from runtime.rate_probe import REPO, probe_rate
 
 COMPETITORS = {
@@ -125,7 +125,7 @@ def verdicts(rows: list[Row]) -> list[str]:
 
 
 def start_competitors(load: Load) -> list[subprocess.Popen]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k not in (*USER_VARIABLES, "OMP_NUM_THREADS")}
     procs = [subprocess.Popen([sys.executable, "-c", COMPETITORS[load.kind]], env=env) for _ in range(load.competitors)]
     if procs:
         time.sleep(3.0)  # their torch import done, their threads busy
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, args.rounds, args.max_competitors = 6, 1, 1
 
     cores = os.cpu_count() or 1
-    unset = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", CHOICE)
+    unset = (*USER_VARIABLES, "OMP_NUM_THREADS", CHOICE)
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(WANDB_MODE="disabled", PYTHONPATH=str(REPO))
     conditions = [(load, setup) for load in loads(args.max_competitors) for setup in SETUPS]

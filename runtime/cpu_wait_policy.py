@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Callable, MutableMapping, Optional
+from typing import Callable, Mapping, MutableMapping, Optional
 
 CHOICE = "K3_CPU_WAIT_POLICY"  # the environment variable holding what was chosen and why
-USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # libgomp reads these when it loads (it ignores KMP_*)
 BUSY_CORES = 0.5  # other processes using at least this many cores at start-up: the machine is busy
 SAMPLE_SECONDS = 0.25
 
@@ -82,3 +82,17 @@ def choose_at_startup(
             reason = f"spin, then sleep (libgomp default; {busy:.1f} of {cores} cores busy at start-up)"
     env[CHOICE] = reason
     return reason
+
+
+def describe_wait_policy(env: Mapping[str, str]) -> str:
+    """How this process's idle OpenMP threads wait, from its environment: libgomp's default (spin a
+    while, about 300,000 polls, then sleep; 1,000 polls when threads outnumber the cores the process may
+    use), ``OMP_WAIT_POLICY`` (active: spin; passive: sleep at once) or ``GOMP_SPINCOUNT``."""
+    if env.get(CHOICE):
+        return env[CHOICE]  # chosen at start-up (choose_at_startup), with its reason
+    policy = env.get("OMP_WAIT_POLICY", "").strip().lower()
+    spins = env.get("GOMP_SPINCOUNT", "").strip()
+    parts = [f"OMP_WAIT_POLICY={policy}"] if policy else []
+    if spins:
+        parts.append(f"GOMP_SPINCOUNT={spins}")
+    return ", ".join(parts) if parts else "spin, then sleep (libgomp default)"

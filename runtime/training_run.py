@@ -40,7 +40,7 @@ from runtime.checkpoints.branching import branch_checkpoint
 from runtime.checkpoints.write import AtomicCheckpointIO
 from runtime.config import RootConfig, to_container
 from runtime.cpu_allocator import keep_freed_memory
-from runtime.cpu_threads import describe_wait_policy
+from runtime.cpu_wait_policy import describe_wait_policy
 from runtime.datamodule import TokenDataModule
 from runtime.lit_module import LanguageModelModule
 from runtime.loggers import build_loggers

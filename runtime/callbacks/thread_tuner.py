@@ -16,7 +16,7 @@ import lightning as L
 import torch
 
 from runtime.cpu_thread_tuning import ThreadTuner, TuningPlan, thread_invariant
-from runtime.cpu_threads import describe_wait_policy
+from runtime.cpu_wait_policy import describe_wait_policy
 
 
 class CpuThreadTuner(L.Callback):

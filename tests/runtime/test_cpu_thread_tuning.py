@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.cpu_thread_tuning import ThreadTuner, TuningPlan, candidate_threads, choose_threads
-from runtime.cpu_threads import describe_wait_policy
+from runtime.cpu_wait_policy import describe_wait_policy
 
 
 def test_candidates_are_every_small_count_then_powers_of_two_and_the_cores():
