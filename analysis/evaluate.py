@@ -44,7 +44,7 @@ from components.registry import DATASETS
 from runtime.cli import finite_float, int_at_least, new_output_path, torch_device
 from runtime.cpu_thread_tuning import LoopThreadTuner, cpu_thread_tuner, thread_invariant
 from runtime.load_run import RunLoadError, load_run
-from runtime.loggers import _wandb_settings, wandb_mode
+from runtime.loggers import wandb_mode, wandb_settings
 from runtime.precision import forward_autocast
 from runtime.wandb_offline import wait_for_a_new_segment_name
 
@@ -214,7 +214,7 @@ def log_to_wandb(run_dir: Path, root: Any, metrics: dict[str, float]) -> Optiona
         entity=root.logger.entity,
         dir=str(run_dir),
         mode=mode,
-        settings=_wandb_settings(root.logger.init_timeout_s),
+        settings=wandb_settings(root.logger.init_timeout_s),
     )
     try:
         run.summary.update(metrics)

@@ -9,7 +9,7 @@ from typing import Any
 
 from runtime.metric_ledger import MetricLedger, record_key
 from runtime.run_identity import fit_tags, job_type_for, run_identity
-from runtime.wandb_offline import read_run, segments
+from runtime.wandb_offline import read_run, segments, wait_for_a_new_segment_name
 
 
 def component_tags(root: Any) -> list[str]:
@@ -106,7 +106,7 @@ def build_loggers(
         extra = {"mode": "offline" if offline else "online"}
         return SafeWandbLogger(
             offline=offline,
-            settings=_wandb_settings(lc.init_timeout_s),
+            settings=wandb_settings(lc.init_timeout_s),
             ledger=MetricLedger(earlier),
             **extra,
             **kwargs,
@@ -118,6 +118,8 @@ def build_loggers(
         return loggers, wandb_logger
     offline = mode == "offline"
     earlier_segments = _offline_history(run_dir, resume_id) if resume_id else None
+    if offline and resume_id:
+        wait_for_a_new_segment_name(os.path.join(run_dir, "wandb"), resume_id)
     try:
         wandb_logger.experiment  # start the run now, so a failure is handled before training
     except Exception as err:  # wandb raises several types for network, auth and settings failures
@@ -195,7 +197,8 @@ def _finish_quietly(exit_code: int = 1) -> None:
         pass
 
 
-def _wandb_settings(init_timeout_s: float = 90.0) -> Any:
+def wandb_settings(init_timeout_s: float = 90.0) -> Any:
+    """The settings of every W&B run the project starts (training segments, evaluations)."""
     import wandb  # start-up time: wandb, only once W&B is used
 
     # no code saving or console capture: runs stay small and never block on the network

@@ -51,7 +51,9 @@ def segments(wandb_dir: Path, run_id: Optional[str] = None) -> list[Path]:
 def wait_for_a_new_segment_name(wandb_dir: Path, run_id: str) -> None:
     """Sleep into the next second when a segment of ``run_id`` was started in this one: an offline folder is
     named by the second its segment starts, so a second segment started within the same second (an
-    evaluation right after a short run) would be written into the first one's folder."""
+    evaluation right after a short run, a resume right after a failed start) would be written into the
+    first one's folder. Every new offline segment of an existing run calls this first (runtime/loggers.py,
+    analysis/evaluate.py)."""
     while True:
         now = time.strftime("%Y%m%d_%H%M%S", time.localtime())
         if not (Path(wandb_dir) / f"offline-run-{now}-{run_id}").exists():

@@ -131,3 +131,29 @@ def test_a_second_offline_segment_never_shares_the_first_ones_folder(tmp_path):
     started = time.monotonic()
     wait_for_a_new_segment_name(tmp_path, "other")  # another run's folder: no wait
     assert time.monotonic() - started < 0.5
+
+
+def test_a_resumed_offline_training_segment_checks_for_a_same_second_folder(tmp_path, monkeypatch):
+    """A resumed run's new offline segment, like an evaluation's, waits out a folder of its run named by
+    the current second before W&B starts (runtime/loggers.py calls the wait with the run's own id)."""
+    import runtime.loggers as loggers
+    from runtime.compose import compose_root
+
+    class Started(Exception):
+        pass
+
+    calls = []
+
+    def wait(wandb_dir, run_id):
+        calls.append((Path(wandb_dir), run_id))
+        raise Started  # stop before W&B starts: the order is what is checked
+
+    monkeypatch.setattr(loggers, "wait_for_a_new_segment_name", wait)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    root = compose_root(["logger=wandb", "logger.mode=offline"])
+    with pytest.raises(Started):
+        loggers.build_loggers(root, str(tmp_path), "run", {}, resume_id="abc123", overrides=[])
+    assert calls == [(tmp_path / "wandb", "abc123")]
+    calls.clear()
+    loggers.build_loggers(root, str(tmp_path / "fresh"), "run", {}, resume_id=None, overrides=[])[1].experiment.finish()
+    assert calls == []  # a new run has no earlier segment to collide with
