@@ -14,7 +14,7 @@ from components.hf.weights_folder import WeightsMismatch, check_weights, is_chec
 from components.model import Decoder
 from components.registry import ConfigError
 from runtime.checkpoints import layout
-from runtime.checkpoints.read import CorruptCheckpointError, load_checkpoint_file
+from runtime.checkpoints.read import CorruptCheckpointError, load_checkpoint_file, verify_checkpoint
 from runtime.config import RootConfig
 
 
@@ -66,7 +66,7 @@ def _checkpoint_weights(path: str, size: int, mtime_ns: int) -> dict[str, tuple[
     if os.path.isdir(path):  # a sharded checkpoint: every shard's byte range, the weights from the index
         import torch.distributed.checkpoint as dcp  # start-up time: DCP, sharded checkpoints only
 
-        load_checkpoint_file(path)
+        verify_checkpoint(path)
         entries = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
         prefix = f"state_dict.{layout.MODULE_PREFIX}"
         return {

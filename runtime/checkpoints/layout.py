@@ -15,7 +15,7 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-from runtime.checkpoints.read import CorruptCheckpointError, load_checkpoint_file
+from runtime.checkpoints.read import CorruptCheckpointError, load_checkpoint_file, verify_checkpoint
 
 FOLDER = "checkpoints"
 LAST = "last.ckpt"
@@ -64,16 +64,13 @@ def has_checkpoint(run_dir: str) -> bool:
     return bool(candidates(run_dir))
 
 
-def newest_readable_content(
-    run_dir: str, on_refused: Callable[[str], None] = lambda message: None
-) -> Optional[tuple[str, dict[str, Any]]]:
-    """(path, verified content) of the newest checkpoint of ``run_dir`` that reads completely (None when it has
-    none), read once; each unreadable one is reported through ``on_refused`` and skipped; NoReadableCheckpoint
-    when every one is refused."""
+def _newest(run_dir: str, on_refused: Callable[[str], None], read: Callable[[str], Any]) -> Optional[tuple[str, Any]]:
+    """(path, ``read(path)``) of the newest checkpoint of ``run_dir`` that ``read`` accepts; each refusal
+    reported through ``on_refused`` and skipped; NoReadableCheckpoint when every one is refused."""
     found = candidates(run_dir)
     for path in found:
         try:
-            return path, load_checkpoint_file(path)
+            return path, read(path)
         except (CorruptCheckpointError, FileNotFoundError) as err:
             on_refused(str(err))
     if found:
@@ -81,9 +78,19 @@ def newest_readable_content(
     return None
 
 
+def newest_readable_content(
+    run_dir: str, on_refused: Callable[[str], None] = lambda message: None
+) -> Optional[tuple[str, dict[str, Any]]]:
+    """(path, verified content) of the newest checkpoint of ``run_dir`` that reads completely (None when it has
+    none), read once; each unreadable one is reported through ``on_refused`` and skipped; NoReadableCheckpoint
+    when every one is refused."""
+    return _newest(run_dir, on_refused, load_checkpoint_file)
+
+
 def newest_readable(run_dir: str, on_refused: Callable[[str], None] = lambda message: None) -> Optional[str]:
-    """The path of ``newest_readable_content``: the newest checkpoint of ``run_dir`` that reads completely."""
-    newest = newest_readable_content(run_dir, on_refused)
+    """The path of the newest checkpoint of ``run_dir`` that reads completely, verified without keeping its
+    content (``verify_checkpoint``: the load that follows does not check its bytes again)."""
+    newest = _newest(run_dir, on_refused, verify_checkpoint)
     return None if newest is None else newest[0]
 
 
@@ -94,7 +101,7 @@ def resume_point(ckpt_path: Optional[str], run_dir: str, log: Callable[[str], No
     if ckpt_path is None:
         return None
     if ckpt_path != "last":
-        load_checkpoint_file(ckpt_path)  # CorruptCheckpointError / FileNotFoundError naming it
+        verify_checkpoint(ckpt_path)  # CorruptCheckpointError / FileNotFoundError naming it
         return ckpt_path
     newest = newest_readable(run_dir, on_refused=lambda message: log(f"refusing {message}; trying an older checkpoint"))
     if newest is None:

@@ -73,6 +73,17 @@ def consolidated_checkpoint(path: str) -> dict[str, Any]:
     }
 
 
+# file versions (path -> (device, inode, size, mtime)) whose every record matched its checksum in this
+# process: a run that picks its checkpoint (verify_checkpoint) and then loads it reads its bytes for the
+# check once; a checkpoint replaced since (written anew: another inode) is checked again
+_CHECKED: dict[str, tuple[int, int, int, int]] = {}
+
+
+def _version(path: str) -> tuple[int, int, int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def load_checkpoint_file(path: str, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
     """A checkpoint's content, verified (a sharded folder: its trainer state, once every shard is
     checked). ``mmap``: tensors mapped from the file rather than read into memory (to look at shapes)."""
@@ -80,13 +91,25 @@ def load_checkpoint_file(path: str, map_location: Any = "cpu", mmap: bool = Fals
         return check_sharded_checkpoint(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    _check_records(path)
+    version = _version(path)
+    if _CHECKED.get(path) != version:
+        _check_records(path)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        content = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # torch raises several types for a damaged zip archive
         raise CorruptCheckpointError(
             f"checkpoint {path} is unreadable (truncated or corrupt): {type(err).__name__}: {_first_line(err)}"
         ) from None
+    _CHECKED[path] = version
+    return content
+
+
+def verify_checkpoint(path: str) -> None:
+    """That a checkpoint reads completely, without keeping it: every record against its checksum and the
+    archive loaded with its tensors mapped, not read (a sharded folder: its index and every shard's byte
+    range). CorruptCheckpointError / FileNotFoundError naming it; loading it afterwards in this process
+    does not check the same file version's bytes again."""
+    load_checkpoint_file(path, mmap=True)
 
 
 def _check_records(path: str) -> None:
