@@ -95,3 +95,13 @@ def test_the_wait_policy_never_changes_a_result(tmp_path):
         records = read_metrics(str(tmp_path / policy / "run" / "metrics.jsonl"))
         losses[policy] = [r["train/loss"] for r in records if "train/loss" in r]
     assert len(losses["passive"]) == 6 and losses["passive"] == losses["active"]
+
+
+def test_only_the_analysis_tools_that_run_a_model_sample_the_load():
+    from analysis import runs_a_model
+
+    assert runs_a_model(["python", "-m", "analysis.evaluate", "runs/x"])
+    assert runs_a_model(["python3.11", "-X", "utf8", "-m", "analysis.generate", "runs/x", "--prompt", "def"])
+    assert not runs_a_model(["python", "-m", "analysis.compare", "runs/"])  # reports: no sample, no 0.25 s
+    assert not runs_a_model(["python", "-m", "pytest", "-m", "analysis.evaluate"])  # -m of pytest's, not Python's
+    assert not runs_a_model(["python", "-m"])
