@@ -2,7 +2,7 @@
 
 libgomp (the OpenMP runtime of PyTorch's Linux CPU wheels) reads its wait policy when it loads, with torch,
 so it can only be chosen before the process imports torch: ``choose_at_startup`` is the first thing
-``train.py`` and the analysis commands do. Measured on the default run (``benchmarks/busy_machine.py``,
+``train.py`` and the analysis tools that run a model do. Measured on the default run (``benchmarks/busy_machine.py``,
 2 threads on 2 cores): alone, spinning is fastest (passive waiting costs 13%); beside busy processes,
 spinning threads steal the cores their siblings need and the run keeps 0.4-0.66 of its fair share, while
 passive waiting (sleep at once) keeps 0.84-1.2. So a machine found busy at start-up gets
