@@ -1,23 +1,24 @@
 """The default run's share of a busy machine: tuned CPU threads against a fixed thread count, side by side.
 
-    python -m benchmarks.busy_machine            # 0, 1 and 2 competitors of each kind (about 15 min, 2 cores)
-    python -m benchmarks.busy_machine --quick    # 0 and 1 competitor, fewer steps (about 5 min)
+    python -m benchmarks.busy_machine            # 0, 1 and 2 competitors of each kind, 2 rounds (about 25 min)
+    python -m benchmarks.busy_machine --quick    # 0 and 1 competitor, fewer steps, 1 round (about 5 min)
 
 PyTorch's OpenMP threads spin while they wait for work; beside other busy processes the run's threads
 wait for siblings the scheduler has put aside, and a run slows down several-fold. ``trainer.cpu_threads=auto``
 times steps at each thread count and keeps the fastest (runtime/cpu_thread_tuning.py), and every run's
-OpenMP wait policy is chosen at start-up from the machine's load (passive when other processes are busy,
-runtime/cpu_wait_policy.py); the baseline ``fixed (before)`` is the behaviour before both (one thread per
-core, libgomp's default wait policy). This measures
-the default run's steady-state tokens/s (``train.py`` with the README's configuration, after the warm steps
-and the tuner's first probe) under both, alone and beside 1 and 2 competitors of two kinds: a
+OpenMP wait policy is chosen at start-up from the machine's load (passive when other processes are busy, a
+brief spin otherwise: runtime/cpu_wait_policy.py); the baseline ``fixed (before)`` is the behaviour before
+both (one thread per core, libgomp's default wait policy). This measures the default run's steady-state
+throughput (``train.py`` with the README's configuration; the tokens of the steps after the warm steps and
+the tuner's first probe over their time) under both, alone and beside 1 and 2 competitors of two kinds: a
 single-threaded pure-Python busy loop, and a PyTorch matmul loop on every core with the default settings.
 
 A run's fair share beside competitors is the part of the cores it would get if every busy thread got an
 equal slice, against what it uses alone: its ``cores`` threads among ``cores`` + the competitors' threads
 (one per Python loop, one per core per PyTorch loop), at most all of them. The table gives each rate as a
-fraction of that share of the fixed run's rate alone. Conditions run in interleaved rounds, order rotated,
-so drift hits all alike. Run it on an otherwise idle machine: the competitors are the only load it should see.
+fraction of that share of the fixed run's rate alone, the median over rounds. Conditions run in
+interleaved rounds, order rotated, so drift hits all alike. Run it on an otherwise idle machine: the
+competitors are the only load it should see.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 from dataclasses import dataclass
 
 from runtime.cpu_wait_policy import CHOICE, USER_VARIABLES
-from runtime.rate_probe import REPO, probe_rate
+from runtime.rate_probe import REPO, Rate, probe_rate
 
 COMPETITORS = {
     "python": "while True:\n    pass\n",
@@ -42,8 +43,8 @@ BEFORE, TUNED = SETUPS
 # the baseline keeps libgomp's default wait policy: marked as chosen already, train.py does not choose one
 BASELINE_ENV = {CHOICE: "spin, then sleep (libgomp default: the benchmark's baseline)"}
 # steps left out of each rate: the first steps (compilation) and the tuner's first probe (2 warm steps,
-# 3 timed on each of up to 2 counts and a settling step: runtime/cpu_thread_tuning.TuningPlan)
-WARM_STEPS = 10
+# 4 timed on each of up to 2 counts and a settling step: runtime/cpu_thread_tuning.TuningPlan)
+WARM_STEPS = 11
 HELD_WITH_COMPETITORS = 0.8  # the must-show: share of the fair share kept beside competitors
 KEPT_ALONE = 0.95  # and of the fixed run's speed alone
 
@@ -139,10 +140,19 @@ def stop(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
+def chosen(rate: Rate) -> str:
+    """What a tuned run chose, for the log: its steps on each thread count."""
+    record = rate.cpu_threads or {}
+    if record.get("mode") != "auto":
+        return ""
+    steps = ", ".join(f"{n}: {k}" for n, k in record.get("steps_by_threads", {}).items())
+    return f"  (steps by thread count {steps})"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=16, help="steady-state steps timed per measurement")
-    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds of all conditions")
+    p.add_argument("--steps", type=int, default=24, help="steady-state steps timed per measurement")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of all conditions (median of them)")
     p.add_argument("--max-competitors", type=int, default=2, help="competitors of each kind: 0 up to this many")
     p.add_argument("--warm", type=int, default=WARM_STEPS, help="steps left out of each rate")
     p.add_argument("--quick", action="store_true", help="alone and 1 competitor of each kind, 6 steps")
@@ -164,11 +174,13 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 overrides = ["logger=csv", SETUPS[setup], *args.overrides]
                 setup_env = {**env, **(BASELINE_ENV if setup == BEFORE else {})}
-                rate = probe_rate(overrides, args.steps, env=setup_env, warm=args.warm)
+                rate = probe_rate(overrides, args.steps, env=setup_env, warm=args.warm, throughput=True)
             finally:
                 stop(competitors)
             measured[(load, setup)].append(rate.tokens_per_s)
-            print(f"round {r}: {load.label:<12} {setup:<16} {rate.tokens_per_s:8,.0f} tokens/s", flush=True)
+            print(
+                f"round {r}: {load.label:<12} {setup:<16} {rate.tokens_per_s:8,.0f} tokens/s{chosen(rate)}", flush=True
+            )
 
     rows = share_rows({c: statistics.median(v) for c, v in measured.items()}, cores)
     print(f"\ndefault run, {cores} cores, {args.steps} steady steps after {args.warm}, {args.rounds} round(s)")

@@ -81,8 +81,8 @@ class TrainerConfig:
     # and keeps the fastest, so a run beside other busy processes takes the cores it can use and leaves
     # the rest (runtime/cpu_thread_tuning.py; results do not depend on it); "fixed" keeps the count the
     # process started with (OMP_NUM_THREADS, else one per core). Ignored on GPUs and with several ranks.
-    # Measured side by side with the start-up wait policy (benchmarks/busy_machine.py): auto keeps 1.04 of
-    # fixed's speed alone and 0.79-0.87 of the fair share beside busy processes, against fixed's 0.41-0.63
+    # Measured side by side with the start-up wait policy (benchmarks/busy_machine.py): auto keeps 1.02 of
+    # fixed's speed alone and 0.83-0.97 of the fair share beside busy processes, against fixed's 0.21-0.54
     cpu_threads: str = "auto"
 
 

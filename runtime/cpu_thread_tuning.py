@@ -3,7 +3,8 @@
 On a machine that other processes share, the best number of PyTorch threads depends on a load the run
 cannot see: alone, every core; beside one busy process, often fewer threads than cores, because a thread
 that waits at a barrier for a sibling the scheduler has put aside wastes the whole step. The tuner
-measures instead of guessing: after a few warm steps it runs a few steps at each candidate count, keeps
+measures instead of guessing: after a few warm steps it runs a few steps at each candidate count,
+interleaved (the other processes' load comes and goes; every count must meet the same phases of it), keeps
 the fastest, and probes again after a while, or at once when the kept count's step time drifts (the load
 changed). A switch must not change results: the callback tunes only compositions checked to train the
 same bits on any count, with compiled kernels pinned to the starting count (runtime/callbacks/thread_tuner.py;
@@ -31,10 +32,11 @@ class TuningPlan:
     """How often and how long the tuner measures."""
 
     warm_steps: int = 2  # left untimed at the start: allocator warm-up, compilation
-    settle_steps: int = 1  # left untimed after a switch: the new thread team starts
-    probe_steps: int = 3  # timed steps per candidate; their median is its step time
+    settle_steps: int = 1  # left out of the drift window after the kept count is set: the new team starts
+    probe_steps: int = 4  # timed steps per candidate, interleaved with the others'; their median is its time
     hold_steps: int = 200  # steps on the kept count before it is questioned again
     drift: float = 1.5  # the kept count's recent median this many times slower (or faster): probe at once
+    drift_window: int = 8  # steps in that recent median: a busy machine's step times jump from step to step
     margin: float = 0.05  # another count must be this much faster to replace the one in use
 
 
@@ -48,6 +50,15 @@ def candidate_threads(cores: int) -> list[int]:
         power *= 2
     counts.add(max(1, cores))
     return sorted(counts, reverse=True)
+
+
+def probe_order(candidates: Sequence[int], current: int, rounds: int) -> list[int]:
+    """The thread count of each step of a probe: ``rounds`` rounds over every candidate, the count in use
+    first, each round the previous one reversed (2 1 | 1 2 | 2 1 ...). On a busy machine the step time
+    follows the other processes' phases; interleaved, every count sees the same phases, and a count meets
+    as many switches as the others."""
+    first = [current] + [n for n in candidates if n != current]
+    return [n for r in range(rounds) for n in (first if r % 2 == 0 else first[::-1])]
 
 
 def choose_threads(seconds: Mapping[int, Sequence[float]], current: int, margin: float) -> int:
@@ -102,12 +113,13 @@ class ThreadTuner:
         self.decided = 0  # probes finished with a decision
         self.steps_by_threads: dict[int, int] = {}
         self._phase = "warm"
-        self._left = plan.warm_steps  # steps left in this phase (or on this candidate)
-        self._queue: list[int] = []
+        self._left = plan.warm_steps  # steps left in this phase
+        self._queue: list[int] = []  # the counts of the probe's steps still to come
         self._timings: dict[int, list[float]] = {}
-        self._recent: deque[float] = deque(maxlen=max(3, plan.probe_steps))
+        self._recent: deque[float] = deque(maxlen=max(1, plan.drift_window))
         self._reference = 0.0
         self._settling = 0
+        self._probing_from = self.threads
         self._reason = "start"
 
     @property
@@ -124,12 +136,8 @@ class ThreadTuner:
             if self._left <= 0:
                 self._start_probe()
         elif self._phase == "probe":
-            if self._settling > 0:
-                self._settling -= 1
-            else:
-                self._timings[self.threads].append(seconds)
-            if len(self._timings[self.threads]) >= self.plan.probe_steps:
-                self._next_candidate()
+            self._timings[self.threads].append(seconds)
+            self._next_probe_step()
         else:
             self._hold(seconds)
         return self.threads
@@ -150,19 +158,18 @@ class ThreadTuner:
                 self._start_probe()
 
     def _start_probe(self) -> None:
-        # the count in use first: no switch, and nothing to settle
-        self._queue = [self.threads] + [n for n in self.candidates if n != self.threads]
-        self._timings = {n: [] for n in self._queue}
+        self._probing_from = self.threads  # kept unless another count is faster by the margin
+        self._queue = probe_order(self.candidates, self.threads, max(1, self.plan.probe_steps))
+        self._timings = {n: [] for n in self.candidates}
         self._phase = "probe"
         self.probes += 1
-        self._switch(self._queue.pop(0), settle=False)
+        self._switch(self._queue.pop(0), settle=False)  # the count in use: no switch
 
-    def _next_candidate(self) -> None:
+    def _next_probe_step(self) -> None:
         if self._queue:
-            self._switch(self._queue.pop(0), settle=True)
+            self._switch(self._queue.pop(0), settle=False)
             return
-        first_probed = next(iter(self._timings))
-        kept = choose_threads(self._timings, first_probed, self.plan.margin)
+        kept = choose_threads(self._timings, self._probing_from, self.plan.margin)
         medians = {n: statistics.median(t) for n, t in self._timings.items()}
         self.decisions.append(Decision(self.step, kept, medians, self._reason))
         self.decided += 1

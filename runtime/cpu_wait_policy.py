@@ -2,13 +2,16 @@
 
 libgomp (the OpenMP runtime of PyTorch's Linux CPU wheels) reads its wait policy when it loads, with torch,
 so it can only be chosen before the process imports torch: ``choose_at_startup`` is the first thing
-``train.py`` and the analysis tools that run a model do. Measured on the default run (``benchmarks/busy_machine.py``,
-2 threads on 2 cores): alone, spinning is fastest (passive waiting costs 13%); beside busy processes,
-spinning threads steal the cores their siblings need and the run keeps 0.4-0.66 of its fair share, while
-passive waiting (sleep at once) keeps 0.84-1.2. So a machine found busy at start-up gets
-``OMP_WAIT_POLICY=passive``; an idle one keeps libgomp's default. Load that arrives later is met by the
-thread count (``runtime/cpu_thread_tuning.py``). The wait policy never changes a result, only how long a
-thread waits for work.
+``train.py`` and the analysis tools that run a model do. Measured on the default run (2 threads on 2
+cores; the table in docs/training.md): libgomp's default (spin about 300,000 polls, then sleep) is fastest
+alone and keeps 0.4-0.66 of the run's fair share beside busy processes, whose cores its spinning threads
+take from their own siblings. Sleeping at once (``OMP_WAIT_POLICY=passive``) costs 11% alone and is best
+beside a process that leaves a core free; a brief spin (``GOMP_SPINCOUNT=1000``) is as fast as the default
+alone and the steadier beside processes that take every core. So: other processes busy on at least half a
+core and leaving at least half a core free, passive; otherwise (idle, every core taken, load unknown) the
+brief spin, which also meets load that arrives after start-up without a spinning team. The thread count
+adapts as the run goes (``runtime/cpu_thread_tuning.py``). The wait policy never changes a result, only
+how long a thread waits for work.
 
 The choice and its reason travel in the environment (``CHOICE``), so processes a command starts (Lightning's
 ranks, a study's jobs) inherit it instead of measuring again; an ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``
@@ -26,6 +29,10 @@ CHOICE = "K3_CPU_WAIT_POLICY"  # the environment variable holding what was chose
 USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # libgomp reads these when it loads (it ignores KMP_*)
 BUSY_CORES = 0.5  # other processes using at least this many cores at start-up: the machine is busy
 SAMPLE_SECONDS = 0.25
+# polls an idle thread makes before it sleeps on a machine found idle: as fast alone as libgomp's default
+# 300,000 (which spins for about a millisecond), and a thread that waits for a sibling the scheduler put
+# aside gives its core back within microseconds, so load that arrives later finds no spinning team
+BRIEF_SPINS = 1000
 
 
 def _cpu_times() -> Optional[tuple[float, float]]:
@@ -73,13 +80,18 @@ def choose_at_startup(
     else:
         busy = measure()
         cores = os.cpu_count() or 1
-        if busy is None:
-            reason = "spin, then sleep (libgomp default; the machine's load is unknown)"
-        elif busy >= BUSY_CORES:
+        if busy is not None and BUSY_CORES <= busy < cores - BUSY_CORES:
             env["OMP_WAIT_POLICY"] = "passive"
             reason = f"OMP_WAIT_POLICY=passive ({busy:.1f} of {cores} cores busy with other processes at start-up)"
         else:
-            reason = f"spin, then sleep (libgomp default; {busy:.1f} of {cores} cores busy at start-up)"
+            env["GOMP_SPINCOUNT"] = str(BRIEF_SPINS)
+            if busy is None:
+                load = "the machine's load is unknown"
+            elif busy < BUSY_CORES:
+                load = f"{busy:.1f} of {cores} cores busy at start-up"
+            else:
+                load = f"{busy:.1f} of {cores} cores busy with other processes at start-up: every core taken"
+            reason = f"GOMP_SPINCOUNT={BRIEF_SPINS}: spin briefly, then sleep ({load})"
     env[CHOICE] = reason
     return reason
 

@@ -32,18 +32,26 @@ class Rate:
 
     tokens_per_s: float
     overhead_s: float
+    cpu_threads: Optional[dict] = None  # the first run's summary record of its CPU threads (what it chose)
 
     def seconds(self, tokens: float) -> float:
         return self.overhead_s + tokens / self.tokens_per_s
 
 
 def probe_rate(
-    overrides: list[str], steps: int, copies: int = 1, env: Optional[dict[str, str]] = None, warm: int = WARM_STEPS
+    overrides: list[str],
+    steps: int,
+    copies: int = 1,
+    env: Optional[dict[str, str]] = None,
+    warm: int = WARM_STEPS,
+    throughput: bool = False,
 ) -> Rate:
     """``copies`` runs of ``train.py`` at once (each with its share of the cores unless ``env`` sets
     ``OMP_NUM_THREADS``), ``warm + steps`` steps each. The rate is the median of the logged per-step
-    tokens/s after the warm steps, over all copies; the overhead is the rest of a run's wall time.
-    Raises RuntimeError with the last line a failing run printed."""
+    tokens/s after the warm steps, over all copies (a typical step: what sizing a run needs), or with
+    ``throughput`` their tokens over their time (the harmonic mean: on a busy machine step times jump
+    between the other processes' phases, and the median would pick one phase); the overhead is the rest
+    of a run's wall time. Raises RuntimeError with the last line a failing run printed."""
     base = dict(os.environ if env is None else env)
     env = {**base, **threads_per_job(copies, base)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,7 +73,7 @@ def probe_rate(
             procs.append(
                 subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             )
-        rates, walls, trained = [], [], 0
+        rates, walls, trained, threads = [], [], 0, None
         for copy, proc in enumerate(procs):
             _, err = proc.communicate()
             walls.append(time.perf_counter() - started)
@@ -73,8 +81,10 @@ def probe_rate(
                 raise RuntimeError((err.strip().splitlines() or ["(no output)"])[-1])
             rows = read_json_lines(Path(tmp) / f"rate{copy}" / "metrics.jsonl")
             rates += [r["perf/tokens_per_s"] for r in rows if "perf/tokens_per_s" in r and r["step"] >= warm]
-            trained = json.loads((Path(tmp) / f"rate{copy}" / "summary.json").read_text())["train_tokens"]
+            summary = json.loads((Path(tmp) / f"rate{copy}" / "summary.json").read_text())
+            trained = summary["train_tokens"]
+            threads = threads if copy else summary.get("cpu_threads")
         if not rates:
             raise RuntimeError("no per-step tokens/s was logged")
-        rate = statistics.median(rates)
-        return Rate(rate, max(0.0, statistics.median(walls) - trained / rate))
+        rate = statistics.harmonic_mean(rates) if throughput else statistics.median(rates)
+        return Rate(rate, max(0.0, statistics.median(walls) - trained / rate), threads)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.cpu_thread_tuning import ThreadTuner, TuningPlan, candidate_threads, choose_threads
+from runtime.cpu_thread_tuning import ThreadTuner, TuningPlan, candidate_threads, choose_threads, probe_order
 from runtime.cpu_wait_policy import describe_wait_policy
 
 
@@ -40,25 +40,40 @@ def drive(tuner: ThreadTuner, seconds_for, steps: int) -> list[int]:
     return used
 
 
-PLAN = TuningPlan(warm_steps=2, settle_steps=1, probe_steps=3, hold_steps=20, drift=1.5, margin=0.05)
+PLAN = TuningPlan(warm_steps=2, settle_steps=1, probe_steps=3, hold_steps=20, drift=1.5, drift_window=8, margin=0.05)
 
 
-def test_schedule_warm_probe_each_count_then_hold_the_fastest():
+def test_schedule_warm_probe_the_counts_interleaved_then_hold_the_fastest():
     applied = []
     tuner = ThreadTuner(2, PLAN, applied.append)
     used = drive(tuner, lambda step, n: {2: 0.2, 1: 0.1}[n], 40)
-    # 2 warm steps on 2 threads; probe 2 (3 timed), switch to 1 (1 settling + 3 timed); keep 1
+    # 2 warm steps on 2 threads; 3 rounds over both counts, each round the last reversed; keep 1
     assert used[:2] == [2, 2]
-    assert used[2:5] == [2, 2, 2]
-    assert used[5:9] == [1, 1, 1, 1]
-    assert set(used[9:29]) == {1}  # held for hold_steps
-    assert tuner.decisions[0].threads == 1 and tuner.decisions[0].step == 9
+    assert used[2:8] == [2, 1, 1, 2, 2, 1]
+    assert set(used[8:28]) == {1}  # held for hold_steps
+    assert tuner.decisions[0].threads == 1 and tuner.decisions[0].step == 8
     assert tuner.decisions[0].seconds == {2: 0.2, 1: 0.1}
     assert tuner.decisions[0].reason == "start"
-    # the periodic probe starts on the kept count (no switch), then tries 2 again
-    assert used[29:32] == [1, 1, 1] and used[32] == 2
-    assert applied[:2] == [1, 2]  # set only on a change
+    # the periodic probe starts on the kept count (no switch)
+    assert used[28:34] == [1, 2, 2, 1, 1, 2]
+    assert applied[:4] == [1, 2, 1, 2]  # set only on a change
     assert tuner.steps_by_threads[1] + tuner.steps_by_threads[2] == 40
+
+
+def test_probe_order_interleaves_every_count_alike():
+    assert probe_order([2, 1], current=2, rounds=4) == [2, 1, 1, 2, 2, 1, 1, 2]
+    assert probe_order([4, 3, 2, 1], current=2, rounds=2) == [2, 4, 3, 1, 1, 3, 4, 2]
+    order = probe_order([8, 4, 3, 2, 1], current=1, rounds=4)
+    assert all(order.count(n) == 4 for n in (8, 4, 3, 2, 1)) and order[0] == 1
+
+
+def test_a_load_arriving_mid_probe_does_not_decide_it():
+    """Other processes start in the middle of a probe: every step from then on is 3x slower. Probing each
+    count in a block would time 1 thread only under the load and keep 2; interleaved, both counts see it."""
+    plan = TuningPlan(warm_steps=2, probe_steps=4, hold_steps=100)
+    tuner = ThreadTuner(2, plan, lambda n: None)
+    drive(tuner, lambda step, n: {2: 0.2, 1: 0.1}[n] * (3 if step >= 6 else 1), 12)
+    assert tuner.decisions[0].threads == 1, tuner.decisions[0].seconds
 
 
 def test_a_load_change_starts_a_probe_before_the_hold_ends():
@@ -67,7 +82,7 @@ def test_a_load_change_starts_a_probe_before_the_hold_ends():
     used = drive(tuner, lambda step, n: ({2: 0.1, 1: 0.18} if step < 15 else {2: 0.5, 1: 0.25})[n], 40)
     assert tuner.decisions[0].threads == 2
     assert tuner.decisions[1].reason == "drift" and tuner.decisions[1].threads == 1
-    assert tuner.decisions[1].step < 2 + 7 + PLAN.hold_steps  # well before the periodic probe
+    assert tuner.decisions[1].step < 2 + 6 + PLAN.hold_steps  # well before the periodic probe
     assert used[-1] == 1
 
 

@@ -1,4 +1,4 @@
-"""The OpenMP wait policy chosen at start-up: passive on a busy machine, libgomp's default on an idle one, the
+"""The OpenMP wait policy chosen at start-up: passive on a busy machine, a brief spin on an idle one, the
 user's setting kept, inherited by child processes, and never chosen once torch is loaded."""
 
 from __future__ import annotations
@@ -9,24 +9,37 @@ import sys
 
 import pytest
 
-from runtime.cpu_wait_policy import BUSY_CORES, CHOICE, choose_at_startup, other_busy_cores
+from runtime.cpu_wait_policy import BRIEF_SPINS, BUSY_CORES, CHOICE, choose_at_startup, other_busy_cores
 from runtime.jsonl_logger import read_metrics
 from tests.helpers import REPO, run_train
 
 NOT_LOADED: set[str] = set()  # the modules of a process that has not imported torch yet
 
 
-def test_a_busy_machine_gets_passive_waiting_and_says_why():
+def test_a_busy_machine_with_a_core_left_gets_passive_waiting_and_says_why(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     env: dict[str, str] = {}
     reason = choose_at_startup(env, measure=lambda: 1.0, imported=NOT_LOADED)
-    assert env["OMP_WAIT_POLICY"] == "passive" and env[CHOICE] == reason
-    assert reason.startswith("OMP_WAIT_POLICY=passive (1.0 of") and "busy with other processes" in reason
+    assert env["OMP_WAIT_POLICY"] == "passive" and "GOMP_SPINCOUNT" not in env and env[CHOICE] == reason
+    assert reason == "OMP_WAIT_POLICY=passive (1.0 of 2 cores busy with other processes at start-up)"
 
 
-def test_an_idle_machine_keeps_the_default():
+def test_a_machine_whose_every_core_is_taken_gets_a_brief_spin(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    env: dict[str, str] = {}
+    reason = choose_at_startup(env, measure=lambda: 1.9, imported=NOT_LOADED)
+    assert env["GOMP_SPINCOUNT"] == "1000" and "OMP_WAIT_POLICY" not in env
+    assert reason.endswith("(1.9 of 2 cores busy with other processes at start-up: every core taken)")
+
+
+def test_an_idle_or_unknown_machine_gets_a_brief_spin():
     env: dict[str, str] = {}
     reason = choose_at_startup(env, measure=lambda: BUSY_CORES / 5, imported=NOT_LOADED)
-    assert "OMP_WAIT_POLICY" not in env and reason.startswith("spin, then sleep (libgomp default; 0.1 of")
+    assert "OMP_WAIT_POLICY" not in env and env["GOMP_SPINCOUNT"] == str(BRIEF_SPINS) == "1000"
+    assert reason.startswith("GOMP_SPINCOUNT=1000: spin briefly, then sleep (0.1 of") and env[CHOICE] == reason
+    unknown: dict[str, str] = {}
+    assert "load is unknown" in choose_at_startup(unknown, measure=lambda: None, imported=NOT_LOADED)
+    assert unknown["GOMP_SPINCOUNT"] == "1000"
 
 
 def test_what_the_user_set_or_a_parent_chose_is_kept_without_measuring():
@@ -70,7 +83,7 @@ def test_train_py_chooses_before_torch_loads_and_its_children_inherit(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     line = [x for x in done.stdout.splitlines() if x.startswith("CHOICE=")]
-    assert line and ("passive" in line[0] or "libgomp default" in line[0]), done.stdout[-2000:] + done.stderr[-2000:]
+    assert line and ("passive" in line[0] or "spin briefly" in line[0]), done.stdout[-2000:] + done.stderr[-2000:]
 
 
 @pytest.mark.slow
