@@ -18,11 +18,11 @@ def _arms(decision: str) -> dict[str, list[str]]:
 
 
 def test_the_depth_ladder_holds_the_width_and_doubles_the_depth():
-    """Block AttnRes over depth: d48 at 4, 8 and 16 layers (2, 4 and 8 blocks of 2 layers), every rung at
+    """Block AttnRes over depth: d32 at 4, 8 and 16 layers (2, 4 and 8 blocks of 2 layers), every rung at
     least 1,000 steps under the rung rule, and the local comparison at the deepest rung."""
     p = ladder_plan.load_preset("cpu_depth")
     runs = ladder_plan.plan("block_attnres", p, [], _arms("block_attnres"))
-    assert {r.rung.d_model for r in runs} == {48} and [r.n_layers for r in p.rungs] == [4, 8, 16]
+    assert {r.rung.d_model for r in runs} == {32} and [r.n_layers for r in p.rungs] == [4, 8, 16]
     assert min(r.steps for r in runs) >= p.min_steps == 1000
     stable = {(r.arm, r.rung.n_layers): r for r in runs if r.phase == "stable" and r.seed == 0}
     for depth in (4, 8, 16):
@@ -31,9 +31,9 @@ def test_the_depth_ladder_holds_the_width_and_doubles_the_depth():
         a, b = stable[("baseline", depth)].size.active_params, stable[("variant", depth)].size.active_params
         assert abs(a - b) < 0.02 * a
     assert stable[("baseline", 16)].size.active_params > 2.5 * stable[("baseline", 4)].size.active_params
-    assert ladder_plan.local_preset(p).rungs == [ladder_plan.Rung(48, 16)]
+    assert ladder_plan.local_preset(p).rungs == [ladder_plan.Rung(32, 16)]
     argv = ladder_plan.run_overrides(stable[("variant", 16)], ["experiment=k3_small"], p, [], Path("/r"))
-    assert "model.n_layers=16" in argv and "model.d_model=48" in argv
+    assert "model.n_layers=16" in argv and "model.d_model=32" in argv
 
 
 def test_the_sensitivity_study_sweeps_the_same_rates_in_both_arms():
