@@ -43,3 +43,13 @@ def test_rows_divide_by_the_fixed_run_alone_times_the_fair_share_and_the_verdict
     assert table[0] == "| machine | threads | tokens/s | fair share | of fair share | vs fixed |"
     assert "| 1 x python | auto | 6,000 | 0.67 | 0.90 | 1.82x |" in table
     assert len(table) == 2 + len(rates)
+
+
+def test_each_line_says_what_a_tuned_run_chose_and_nothing_for_a_fixed_one():
+    from benchmarks.busy_machine import chosen
+    from runtime.rate_probe import Rate
+
+    tuned = Rate(10_000.0, 5.0, {"mode": "auto", "steps_by_threads": {"1": 4, "2": 31}})
+    assert chosen(tuned) == "  (steps by thread count 1: 4, 2: 31)"
+    assert chosen(Rate(10_000.0, 5.0, {"mode": "fixed", "threads": 2})) == ""
+    assert chosen(Rate(10_000.0, 5.0)) == ""  # a run that wrote no record
