@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from runtime.cpu_thread_tuning import TuningPlan, candidate_threads
 from runtime.cpu_wait_policy import CHOICE, USER_VARIABLES
 from runtime.rate_probe import REPO, Rate, probe_rate
 
@@ -42,9 +43,15 @@ SETUPS = {"fixed (before)": "trainer.cpu_threads=fixed", "auto": "trainer.cpu_th
 BEFORE, TUNED = SETUPS
 # the baseline keeps libgomp's default wait policy: marked as chosen already, train.py does not choose one
 BASELINE_ENV = {CHOICE: "spin, then sleep (libgomp default: the benchmark's baseline)"}
-# steps left out of each rate: the first steps (compilation) and the tuner's first probe (2 warm steps,
-# 4 timed on each of up to 2 counts and a settling step: runtime/cpu_thread_tuning.TuningPlan)
-WARM_STEPS = 11
+
+
+def warm_steps(cores: int, plan: TuningPlan = TuningPlan()) -> int:
+    """Steps left out of each rate: the first steps (compilation) and the tuner's first probe (its warm
+    steps, ``probe_steps`` on each candidate count, and the step after it sets the kept count): 11 on 2
+    cores."""
+    return plan.warm_steps + plan.probe_steps * len(candidate_threads(cores)) + plan.settle_steps
+
+
 HELD_WITH_COMPETITORS = 0.8  # the must-show: share of the fair share kept beside competitors
 KEPT_ALONE = 0.95  # and of the fixed run's speed alone
 
@@ -154,14 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=24, help="steady-state steps timed per measurement")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of all conditions (median of them)")
     p.add_argument("--max-competitors", type=int, default=2, help="competitors of each kind: 0 up to this many")
-    p.add_argument("--warm", type=int, default=WARM_STEPS, help="steps left out of each rate")
+    cores = os.cpu_count() or 1
+    p.add_argument("--warm", type=int, default=warm_steps(cores), help="steps left out of each rate")
     p.add_argument("--quick", action="store_true", help="alone and 1 competitor of each kind, 6 steps")
     p.add_argument("overrides", nargs="*", help="train.py overrides (default: the README's run)")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.rounds, args.max_competitors = 6, 1, 1
 
-    cores = os.cpu_count() or 1
     unset = (*USER_VARIABLES, "OMP_NUM_THREADS", CHOICE)
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(WANDB_MODE="disabled", PYTHONPATH=str(REPO))

@@ -55,8 +55,10 @@ def candidate_threads(cores: int) -> list[int]:
 def probe_order(candidates: Sequence[int], current: int, rounds: int) -> list[int]:
     """The thread count of each step of a probe: ``rounds`` rounds over every candidate, the count in use
     first, each round the previous one reversed (2 1 | 1 2 | 2 1 ...). On a busy machine the step time
-    follows the other processes' phases; interleaved, every count sees the same phases, and a count meets
-    as many switches as the others."""
+    follows the other processes' phases; interleaved, every count sees the same phases. With two counts
+    and an even number of rounds (the default plan's 4) each count's steps follow a switch equally often;
+    with more counts the middle ones always follow a switch (libgomp keeps its thread pool, so a switch
+    costs no thread start)."""
     first = [current] + [n for n in candidates if n != current]
     return [n for r in range(rounds) for n in (first if r % 2 == 0 else first[::-1])]
 

@@ -29,9 +29,10 @@ CHOICE = "K3_CPU_WAIT_POLICY"  # the environment variable holding what was chose
 USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # libgomp reads these when it loads (it ignores KMP_*)
 BUSY_CORES = 0.5  # other processes using at least this many cores at start-up: the machine is busy
 SAMPLE_SECONDS = 0.25
-# polls an idle thread makes before it sleeps on a machine found idle: as fast alone as libgomp's default
-# 300,000 (which spins for about a millisecond), and a thread that waits for a sibling the scheduler put
-# aside gives its core back within microseconds, so load that arrives later finds no spinning team
+# polls an idle thread makes before it sleeps, unless passive waiting is chosen: as fast alone as libgomp's
+# default 300,000 (by libgomp's own estimate about 3 ms of spinning; 1,000 are about 10 us), and a thread
+# that waits for a sibling the scheduler put aside soon gives its core back, so load that arrives later
+# finds no spinning team
 BRIEF_SPINS = 1000
 
 
@@ -98,7 +99,7 @@ def choose_at_startup(
 
 def describe_wait_policy(env: Mapping[str, str]) -> str:
     """How this process's idle OpenMP threads wait, from its environment: libgomp's default (spin a
-    while, about 300,000 polls, then sleep; 1,000 polls when threads outnumber the cores the process may
+    while, about 300,000 polls, then sleep; 100 polls when its threads outnumber the cores the process may
     use), ``OMP_WAIT_POLICY`` (active: spin; passive: sleep at once) or ``GOMP_SPINCOUNT``."""
     if env.get(CHOICE):
         return env[CHOICE]  # chosen at start-up (choose_at_startup), with its reason

@@ -133,6 +133,8 @@ def build_loggers(
         )
         os.environ["WANDB_MODE"] = "offline"  # also for any later wandb.init in this process
         offline = True
+        if resume_id:
+            wait_for_a_new_segment_name(os.path.join(run_dir, "wandb"), resume_id)
         wandb_logger = make(True)
         try:
             wandb_logger.experiment

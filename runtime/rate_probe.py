@@ -38,6 +38,12 @@ class Rate:
         return self.overhead_s + tokens / self.tokens_per_s
 
 
+def steady_rate(step_rates: list[float], throughput: bool) -> float:
+    """One rate from per-step tokens/s of equal-sized steps: the median step, or with ``throughput`` the
+    tokens over the time (their harmonic mean)."""
+    return statistics.harmonic_mean(step_rates) if throughput else statistics.median(step_rates)
+
+
 def probe_rate(
     overrides: list[str],
     steps: int,
@@ -86,5 +92,5 @@ def probe_rate(
             threads = threads if copy else summary.get("cpu_threads")
         if not rates:
             raise RuntimeError("no per-step tokens/s was logged")
-        rate = statistics.harmonic_mean(rates) if throughput else statistics.median(rates)
+        rate = steady_rate(rates, throughput)
         return Rate(rate, max(0.0, statistics.median(walls) - trained / rate), threads)

@@ -73,9 +73,11 @@ def consolidated_checkpoint(path: str) -> dict[str, Any]:
     }
 
 
-# file versions (path -> (device, inode, size, mtime)) whose every record matched its checksum in this
-# process: a run that picks its checkpoint (verify_checkpoint) and then loads it reads its bytes for the
-# check once; a checkpoint replaced since (written anew: another inode) is checked again
+# file versions (real path -> (device, inode, size, mtime)) whose every record matched its checksum in
+# this process: a run that picks its checkpoint (verify_checkpoint) and then loads it reads its bytes for
+# the check once. Checkpoints are written to a temporary name and renamed into place, so a checkpoint
+# written anew is another inode and is checked again; a change in place within one tick of the file
+# clock, at the same size, would not be seen (nothing here writes one)
 _CHECKED: dict[str, tuple[int, int, int, int]] = {}
 
 
@@ -91,8 +93,8 @@ def load_checkpoint_file(path: str, map_location: Any = "cpu", mmap: bool = Fals
         return check_sharded_checkpoint(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    version = _version(path)
-    if _CHECKED.get(path) != version:
+    key, version = os.path.realpath(path), _version(path)
+    if _CHECKED.get(key) != version:
         _check_records(path)
     try:
         content = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
@@ -100,16 +102,17 @@ def load_checkpoint_file(path: str, map_location: Any = "cpu", mmap: bool = Fals
         raise CorruptCheckpointError(
             f"checkpoint {path} is unreadable (truncated or corrupt): {type(err).__name__}: {_first_line(err)}"
         ) from None
-    _CHECKED[path] = version
+    _CHECKED[key] = version
     return content
 
 
 def verify_checkpoint(path: str) -> None:
     """That a checkpoint reads completely, without keeping it: every record against its checksum and the
     archive loaded with its tensors mapped, not read (a sharded folder: its index and every shard's byte
-    range). CorruptCheckpointError / FileNotFoundError naming it; loading it afterwards in this process
-    does not check the same file version's bytes again."""
-    load_checkpoint_file(path, mmap=True)
+    range; a file in torch's legacy, non-zip format, which cannot be mapped: read whole).
+    CorruptCheckpointError / FileNotFoundError naming it; loading the same file version afterwards in this
+    process skips the checksum pass (a sharded folder's cheap index check runs again)."""
+    load_checkpoint_file(path, mmap=os.path.isfile(path) and zipfile.is_zipfile(path))
 
 
 def _check_records(path: str) -> None:

@@ -53,3 +53,20 @@ def test_each_line_says_what_a_tuned_run_chose_and_nothing_for_a_fixed_one():
     assert chosen(tuned) == "  (steps by thread count 1: 4, 2: 31)"
     assert chosen(Rate(10_000.0, 5.0, {"mode": "fixed", "threads": 2})) == ""
     assert chosen(Rate(10_000.0, 5.0)) == ""  # a run that wrote no record
+
+
+def test_the_warm_steps_cover_the_tuners_first_probe_on_any_core_count():
+    from benchmarks.busy_machine import warm_steps
+
+    assert warm_steps(2) == 2 + 4 * 2 + 1  # 2 candidates: 2 warm, 8 probe steps, the kept count's first step
+    assert warm_steps(4) == 2 + 4 * 4 + 1
+    assert warm_steps(1) == 2 + 4 + 1
+
+
+def test_throughput_is_tokens_over_time_not_the_typical_step():
+    from runtime.rate_probe import steady_rate
+
+    # three steps of 1,000 tokens: 0.1 s, 0.1 s and one slow 0.8 s step
+    rates = [10_000.0, 10_000.0, 1_250.0]
+    assert steady_rate(rates, throughput=False) == 10_000.0  # the median step ignores the slow one
+    assert steady_rate(rates, throughput=True) == pytest.approx(3_000 / 1.0)  # 3,000 tokens in 1.0 s

@@ -69,3 +69,18 @@ def test_a_checkpoint_written_anew_or_damaged_after_its_check_is_checked_again(r
     refused = []
     assert os.path.basename(newest_readable(str(run_dir), on_refused=refused.append)) == "step=2.ckpt"
     assert len(refused) == 1 and "does not match its checksum" in refused[0]
+
+
+def test_a_legacy_format_checkpoint_is_verified_by_reading_it_and_a_relative_path_shares_the_check(
+    tmp_path, checks, monkeypatch
+):
+    legacy = tmp_path / "old.ckpt"
+    torch.save({"global_step": 1}, legacy, _use_new_zipfile_serialization=False)
+    read.verify_checkpoint(str(legacy))  # not a zip archive: it cannot be mapped, so it is read
+    assert read.load_checkpoint_file(str(legacy))["global_step"] == 1
+
+    monkeypatch.chdir(tmp_path)
+    torch.save({"global_step": 2}, tmp_path / "new.ckpt")
+    read.verify_checkpoint("new.ckpt")
+    read.load_checkpoint_file(str(tmp_path / "new.ckpt"))
+    assert checks.count("new.ckpt") == 1  # one file version, named two ways: one checksum pass

@@ -62,6 +62,9 @@ def test_schedule_warm_probe_the_counts_interleaved_then_hold_the_fastest():
 
 def test_probe_order_interleaves_every_count_alike():
     assert probe_order([2, 1], current=2, rounds=4) == [2, 1, 1, 2, 2, 1, 1, 2]
+    order = probe_order([2, 1], current=1, rounds=4)
+    after_switch = [b for a, b in zip(order, order[1:]) if a != b]
+    assert after_switch.count(1) == after_switch.count(2) == 2  # two counts: as many steps after a switch
     assert probe_order([4, 3, 2, 1], current=2, rounds=2) == [2, 4, 3, 1, 1, 3, 4, 2]
     order = probe_order([8, 4, 3, 2, 1], current=1, rounds=4)
     assert all(order.count(n) == 4 for n in (8, 4, 3, 2, 1)) and order[0] == 1

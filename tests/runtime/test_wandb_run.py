@@ -154,6 +154,7 @@ def test_a_resumed_offline_training_segment_checks_for_a_same_second_folder(tmp_
     with pytest.raises(Started):
         loggers.build_loggers(root, str(tmp_path), "run", {}, resume_id="abc123", overrides=[])
     assert calls == [(tmp_path / "wandb", "abc123")]
+    assert not list(tmp_path.glob("wandb/offline-run-*"))  # it waited before W&B wrote anything
     calls.clear()
     loggers.build_loggers(root, str(tmp_path / "fresh"), "run", {}, resume_id=None, overrides=[])[1].experiment.finish()
     assert calls == []  # a new run has no earlier segment to collide with
