@@ -36,27 +36,47 @@ SAMPLE_SECONDS = 0.25
 BRIEF_SPINS = 1000
 
 
-def _cpu_times() -> Optional[tuple[float, float]]:
-    """(busy, total) jiffies of every core since boot, from /proc/stat (None where there is none)."""
+def usable_cpus() -> set[int]:
+    """The CPUs this process may run on (its affinity mask: a ``taskset`` or a container's cpuset), which
+    is also how many threads OpenMP starts by default."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
+def cpu_times(stat: str, cpus: set[int]) -> Optional[tuple[float, float]]:
+    """(busy, total) jiffies since boot of the ``cpus`` among the ``cpuN`` lines of /proc/stat's text
+    ``stat`` (None when it names none of them)."""
+    busy = total = 0.0
+    found = False
+    for line in stat.splitlines():
+        name, _, rest = line.partition(" ")
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
+            continue
+        fields = [float(x) for x in rest.split()]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+        busy, total, found = busy + sum(fields) - idle, total + sum(fields), True
+    return (busy, total) if found else None
+
+
+def _read_stat() -> str:
     try:
         with open("/proc/stat") as f:
-            fields = [float(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
+            return f.read()
+    except OSError:
+        return ""
 
 
 def other_busy_cores(sample_seconds: float = SAMPLE_SECONDS) -> Optional[float]:
-    """How many cores other processes kept busy over ``sample_seconds`` (this process's own CPU time taken
-    out); None where the machine does not say (no /proc/stat)."""
-    before, own_before = _cpu_times(), os.times()
+    """How many of this process's usable cores other processes kept busy over ``sample_seconds`` (its own
+    CPU time taken out); None where the machine does not say (no /proc/stat)."""
+    cpus = usable_cpus()
+    before, own_before = cpu_times(_read_stat(), cpus), os.times()
     time.sleep(sample_seconds)
-    after, own_after = _cpu_times(), os.times()
+    after, own_after = cpu_times(_read_stat(), cpus), os.times()
     if before is None or after is None or after[1] <= before[1]:
         return None
-    cores = os.cpu_count() or 1
-    busy = (after[0] - before[0]) / (after[1] - before[1]) * cores  # cores' worth of busy time
+    busy = (after[0] - before[0]) / (after[1] - before[1]) * len(cpus)  # cores' worth of busy time
     own = (own_after.user + own_after.system - own_before.user - own_before.system) / sample_seconds
     return max(0.0, busy - own)
 
@@ -80,7 +100,7 @@ def choose_at_startup(
         reason = "one thread: no team waits"
     else:
         busy = measure()
-        cores = os.cpu_count() or 1
+        cores = len(usable_cpus())
         if busy is not None and BUSY_CORES <= busy < cores - BUSY_CORES:
             env["OMP_WAIT_POLICY"] = "passive"
             reason = f"OMP_WAIT_POLICY=passive ({busy:.1f} of {cores} cores busy with other processes at start-up)"

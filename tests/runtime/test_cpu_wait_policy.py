@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from runtime.cpu_wait_policy import BRIEF_SPINS, BUSY_CORES, CHOICE, choose_at_startup, other_busy_cores
+import runtime.cpu_wait_policy as cpu_wait_policy
+from runtime.cpu_wait_policy import BRIEF_SPINS, BUSY_CORES, CHOICE, choose_at_startup, cpu_times, other_busy_cores
 from runtime.jsonl_logger import read_metrics
 from tests.helpers import REPO, run_train
 
@@ -17,7 +18,7 @@ NOT_LOADED: set[str] = set()  # the modules of a process that has not imported t
 
 
 def test_a_busy_machine_with_a_core_left_gets_passive_waiting_and_says_why(monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cpu_wait_policy, "usable_cpus", lambda: {0, 1})
     env: dict[str, str] = {}
     reason = choose_at_startup(env, measure=lambda: 1.0, imported=NOT_LOADED)
     assert env["OMP_WAIT_POLICY"] == "passive" and "GOMP_SPINCOUNT" not in env and env[CHOICE] == reason
@@ -25,7 +26,7 @@ def test_a_busy_machine_with_a_core_left_gets_passive_waiting_and_says_why(monke
 
 
 def test_a_machine_whose_every_core_is_taken_gets_a_brief_spin(monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cpu_wait_policy, "usable_cpus", lambda: {0, 1})
     env: dict[str, str] = {}
     reason = choose_at_startup(env, measure=lambda: 1.9, imported=NOT_LOADED)
     assert env["GOMP_SPINCOUNT"] == "1000" and "OMP_WAIT_POLICY" not in env
@@ -118,3 +119,13 @@ def test_only_the_analysis_tools_that_run_a_model_sample_the_load():
     assert not runs_a_model(["python", "-m", "analysis.compare", "runs/"])  # reports: no sample, no 0.25 s
     assert not runs_a_model(["python", "-m", "pytest", "-m", "analysis.evaluate"])  # -m of pytest's, not Python's
     assert not runs_a_model(["python", "-m"])
+
+
+def test_only_the_cores_this_process_may_use_are_counted():
+    """/proc/stat's per-CPU lines (user nice system idle iowait ...): a process pinned to CPUs 0 and 1
+    counts their busy time only, not CPU 2's, nor the all-CPU summary line."""
+    stat = "cpu  600 0 0 300 0\ncpu0 100 0 0 100 0\ncpu1 150 0 50 0 0\ncpu2 300 0 0 200 0\nintr 12345\n"
+    assert cpu_times(stat, {0, 1}) == (300.0, 400.0)
+    assert cpu_times(stat, {2}) == (300.0, 500.0)
+    assert cpu_times(stat, {7}) is None and cpu_times("", {0}) is None
+    assert cpu_wait_policy.usable_cpus() == set(os.sched_getaffinity(0))
