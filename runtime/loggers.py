@@ -102,6 +102,8 @@ def build_loggers(
     earlier = jsonl.ledger.earlier
 
     def make(offline: bool) -> Any:
+        if offline and resume_id and _is_global_zero():  # the rank that starts the run's new segment
+            wait_for_a_new_segment_name(os.path.join(run_dir, "wandb"), resume_id)
         # explicit: otherwise the settings an earlier W&B run of this process left would decide
         extra = {"mode": "offline" if offline else "online"}
         return SafeWandbLogger(
@@ -118,8 +120,6 @@ def build_loggers(
         return loggers, wandb_logger
     offline = mode == "offline"
     earlier_segments = _offline_history(run_dir, resume_id) if resume_id else None
-    if offline and resume_id:
-        wait_for_a_new_segment_name(os.path.join(run_dir, "wandb"), resume_id)
     try:
         wandb_logger.experiment  # start the run now, so a failure is handled before training
     except Exception as err:  # wandb raises several types for network, auth and settings failures
@@ -133,8 +133,6 @@ def build_loggers(
         )
         os.environ["WANDB_MODE"] = "offline"  # also for any later wandb.init in this process
         offline = True
-        if resume_id:
-            wait_for_a_new_segment_name(os.path.join(run_dir, "wandb"), resume_id)
         wandb_logger = make(True)
         try:
             wandb_logger.experiment

@@ -89,7 +89,8 @@ def probe_rate(
             rates += [r["perf/tokens_per_s"] for r in rows if "perf/tokens_per_s" in r and r["step"] >= warm]
             summary = json.loads((Path(tmp) / f"rate{copy}" / "summary.json").read_text())
             trained = summary["train_tokens"]
-            threads = threads if copy else summary.get("cpu_threads")
+            if copy == 0:
+                threads = summary.get("cpu_threads")
         if not rates:
             raise RuntimeError("no per-step tokens/s was logged")
         rate = steady_rate(rates, throughput)
