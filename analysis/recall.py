@@ -3,7 +3,7 @@
 Runs trained on ``data=mqar`` with ``test_segments`` report ``val/accuracy/T<len>_P<pairs>`` per segment.
 ``analysis.compare`` calls this module for them and writes:
 
-* ``recall.md`` / ``recall.csv``: per run its line (the mixer point), width, decoding state size and the
+* ``recall.md`` / ``recall.csv``: per run its line (the mixer point), width, depth, decoding state size and the
   final accuracy of every segment;
 * runs that differ only in a tuned setting (``optimizer.lr``) are one point at their best, as Zoology
   reports each architecture and width at its best learning rate: the run with the highest mean accuracy
@@ -24,6 +24,7 @@ from analysis.plotting import pyplot
 
 SEGMENT = re.compile(r"^accuracy/T(\d+)_P(\d+)$")
 WIDTH_KEY = "model.d_model"
+DEPTH_KEY = "model.n_layers"
 TUNED_KEYS = ("optimizer.lr",)  # searched over, not compared: a point is shown at its best value
 
 
@@ -36,13 +37,18 @@ def segments(runs: list[Any]) -> list[tuple[int, int]]:
 
 
 def _line(run: Any) -> str:
-    """What a line of the plots stands for: the run's options other than its width (its mixer point)."""
-    rest = {k: v for k, v in run.varied.items() if k not in (WIDTH_KEY, "seed", *TUNED_KEYS)}
+    """What a line of the plots stands for: the run's options other than its size (its mixer point)."""
+    rest = {k: v for k, v in run.varied.items() if k not in (WIDTH_KEY, DEPTH_KEY, "seed", *TUNED_KEYS)}
     return ", ".join(f"{v}" if k == "point" else f"{k}={v}" for k, v in rest.items()) or run.label
 
 
 def width(run: Any) -> Optional[int]:
     value = run.summary.get("d_model", run.varied.get(WIDTH_KEY))
+    return int(value) if value is not None else None
+
+
+def depth(run: Any) -> Optional[int]:
+    value = run.summary.get("n_layers", run.varied.get(DEPTH_KEY))
     return int(value) if value is not None else None
 
 
@@ -64,18 +70,21 @@ def _mean_accuracy(run: Any, segs: list[tuple[int, int]]) -> Optional[float]:
 
 
 def best_runs(runs: list[Any]) -> list[Any]:
-    """The runs that report recall, one per (line, width, seed): where runs differ only in a tuned setting,
-    the one with the highest mean accuracy over the test segments."""
+    """The runs that report recall, one per (line, width, depth, seed): where runs differ only in a tuned
+    setting, the one with the highest mean accuracy over the test segments."""
     segs = segments(runs)
-    best: dict[tuple[str, Optional[int], Any], tuple[float, Any]] = {}
+    best: dict[tuple[str, Optional[int], Optional[int], Any], tuple[float, Any]] = {}
     for r in runs:
         score = _mean_accuracy(r, segs)
         if score is None:
             continue
-        key = (_line(r), width(r), r.varied.get("seed"))
+        key = (_line(r), width(r), depth(r), r.varied.get("seed"))
         if key not in best or score > best[key][0]:
             best[key] = (score, r)
-    return sorted((r for _, r in best.values()), key=lambda r: (_line(r), width(r) or 0, str(r.varied.get("seed", ""))))
+    return sorted(
+        (r for _, r in best.values()),
+        key=lambda r: (_line(r), width(r) or 0, depth(r) or 0, str(r.varied.get("seed", ""))),
+    )
 
 
 def table(runs: list[Any]) -> Optional[tuple[list[str], list[list[Any]]]]:
@@ -86,6 +95,7 @@ def table(runs: list[Any]) -> Optional[tuple[list[str], list[list[Any]]]]:
     header = [
         "mixer",
         "d_model",
+        "n_layers",
         *[f"best {k}" for k in tuned],
         "state numbers per token",
         "fixed state numbers",
@@ -98,6 +108,7 @@ def table(runs: list[Any]) -> Optional[tuple[list[str], list[list[Any]]]]:
             [
                 _line(r),
                 width(r),
+                depth(r),
                 *[r.varied.get(k) for k in tuned],
                 state.get("per_token"),
                 state.get("fixed"),

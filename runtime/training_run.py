@@ -269,6 +269,7 @@ def summary_record(run: BuiltRun, wall_seconds: float) -> dict[str, Any]:
         "params": model.num_params(),
         "active_params": model.active_params(),
         "d_model": root.model.d_model,
+        "n_layers": root.model.n_layers,
         "precision": root.trainer.precision,  # what trainer.precision=auto chose on this machine
         "cpu_threads": run.thread_tuner.summary(),  # the thread counts trained on, the probes, and why
         "decode_state_numbers": model.decode_state_numbers(),  # analysis.compare's state-size axis

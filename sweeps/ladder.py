@@ -1,7 +1,7 @@
 """A scaling ladder: one K3 decision's two arms trained at several sizes with compute-proportional budgets.
 
 ``python -m sweeps.run ladder DECISION [--preset cpu|cpu_depth|gpu] [--jobs N] [--dry-run] [--local |
---rate-sensitivity] [overrides...]``
+--rate-sensitivity | --recall] [overrides...]``
 
 A decision is ``sweeps/ladders/<DECISION>.yaml`` (``baseline`` and ``variant``: override lists, e.g.
 ``experiment=k3_small_plain_residual`` against ``experiment=k3_small``); a preset is
@@ -72,6 +72,7 @@ from sweeps.ladder_plan import (
     runs_folder,
 )
 from sweeps.rate_sensitivity import plan_sensitivity, run_sensitivity, sensitivity_preset
+from sweeps.recall_study import plan_recall, recall_preset, run_recall
 from sweeps.run_pool import run_points
 from sweeps.run_state import finished_summary, hold_runs_folder, keep_curves
 
@@ -263,24 +264,24 @@ def run_ladder(
     runs_dir.mkdir(parents=True, exist_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     print(f"runs of preset {preset.name}: {runs_dir}")
-    lock = hold_runs_folder(runs_dir)  # noqa: F841 (held until the ladder returns)
-    lr_runs = [r for r in runs if r.phase == "lr"]
-    summaries = _launch(lr_runs, arms, preset, extra, runs_dir, jobs)
-    chosen = choose_learning_rates(runs, summaries, preset)
-    for run in runs:
-        if run.phase != "lr":
-            run.lr = chosen[run.arm][0][run.rung.name] * (run.lr_factor if run.phase == "lr_check" else 1.0)
-    set_aside_stale_runs(runs, runs_dir)
-    stable = [r for r in runs if r.phase in ("lr_check", "stable")]
-    summaries.update(_launch(stable, arms, preset, extra, runs_dir, jobs))
-    checks = check_learning_rates(runs, summaries)
-    rule = lr_rule_text(preset)
-    record = {arm: {"lr": rates, "edge": edges, "check": checks.get(arm)} for arm, (rates, edges) in chosen.items()}
-    (folder / "learning_rates.json").write_text(json.dumps({"rule": rule, **record}, indent=1))
-    branches = [r for r in runs if r.phase == "branch"]
-    for run in branches:
-        run.init_from = summaries[run.branch_of]["run_dir"]
-    summaries.update(_launch(branches, arms, preset, extra, runs_dir, jobs))
+    with hold_runs_folder(runs_dir):  # released when training ends, not left to the garbage collector
+        lr_runs = [r for r in runs if r.phase == "lr"]
+        summaries = _launch(lr_runs, arms, preset, extra, runs_dir, jobs)
+        chosen = choose_learning_rates(runs, summaries, preset)
+        for run in runs:
+            if run.phase != "lr":
+                run.lr = chosen[run.arm][0][run.rung.name] * (run.lr_factor if run.phase == "lr_check" else 1.0)
+        set_aside_stale_runs(runs, runs_dir)
+        stable = [r for r in runs if r.phase in ("lr_check", "stable")]
+        summaries.update(_launch(stable, arms, preset, extra, runs_dir, jobs))
+        checks = check_learning_rates(runs, summaries)
+        rule = lr_rule_text(preset)
+        record = {arm: {"lr": rates, "edge": edges, "check": checks.get(arm)} for arm, (rates, edges) in chosen.items()}
+        (folder / "learning_rates.json").write_text(json.dumps({"rule": rule, **record}, indent=1))
+        branches = [r for r in runs if r.phase == "branch"]
+        for run in branches:
+            run.init_from = summaries[run.branch_of]["run_dir"]
+        summaries.update(_launch(branches, arms, preset, extra, runs_dir, jobs))
     edges = {arm: edge for arm, (_, edge) in chosen.items()}
     table = folder / (LOCAL_FILE if local else "ladder.csv")
     write_csv(table, ladder_rows(decision, runs, summaries, edges, rule, checks, by_budget=local))
@@ -325,6 +326,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="a learning-rate sensitivity study instead: both arms at one rung over a wide sweep of rates (the "
         "preset's sensitivity: section), the width of each arm's stable basin (analysis.rate_sensitivity_report)",
     )
+    p.add_argument(
+        "--recall",
+        action="store_true",
+        help="an associative-recall study instead, for mixer decisions: both arms at the preset's rungs trained "
+        "on MQAR (the preset's recall: section), accuracy per test segment against decoding state size, beside "
+        "the ladder's loss (sweeps/recall_study.py)",
+    )
     args, extra = p.parse_known_args(argv)
     try:
         if args.jobs < 1:
@@ -333,13 +341,18 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise LadderError(f"--measure-steps must be 0 or more, got {args.measure_steps}")
         preset = load_preset(args.preset)
         decision = load_decision(args.decision)
-        if args.local and args.rate_sensitivity:
-            raise LadderError("--local and --rate-sensitivity are two different studies: choose one")
+        studies = [flag for flag, on in [("--local", args.local), ("--rate-sensitivity", args.rate_sensitivity),
+                                         ("--recall", args.recall)] if on]  # fmt: skip
+        if len(studies) > 1:
+            raise LadderError(f"{' and '.join(studies)} are different studies: choose one")
         if args.dry_run:
             arms = {arm: decision[arm] for arm in ARMS}
             if args.rate_sensitivity:
                 preset = sensitivity_preset(preset)
                 runs = plan_sensitivity(args.decision, preset, extra, arms)
+            elif args.recall:
+                preset = recall_preset(preset)
+                runs = plan_recall(args.decision, preset, extra, arms)
             elif args.local:
                 preset = local_preset(preset)
                 runs = plan_local(args.decision, preset, extra, arms)
@@ -360,6 +373,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         output_root = Path(args.output_root).resolve()
         if args.rate_sensitivity:
             run_sensitivity(args.decision, preset, extra, output_root, args.jobs, not args.no_report)
+            return 0
+        if args.recall:
+            run_recall(args.decision, preset, extra, output_root, args.jobs, not args.no_report)
             return 0
         run_ladder(args.decision, preset, extra, output_root, args.jobs, not args.no_report, args.local)
     except LadderError as err:

@@ -92,6 +92,8 @@ class Preset:
     local_seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
     # the learning-rate sensitivity study (``sensitivity:``, ``--rate-sensitivity``; sweeps/rate_sensitivity.py)
     sensitivity: dict = field(default_factory=dict)
+    # associative recall beside the loss (``recall:``, ``--recall``; sweeps/recall_study.py)
+    recall: dict = field(default_factory=dict)
     # GPU presets: dry-run accounting composes with these instead of the data the runs read
     accounting_overrides: list[str] = field(default_factory=list)
     peak_flops: Optional[float] = None
@@ -105,6 +107,7 @@ PRESET_KEYS = (
     "batch",
     "local",
     "sensitivity",
+    "recall",
     "tokens_per_param",
     "branch_multiples",
     "seeds",
@@ -185,6 +188,7 @@ def load_preset(name: str) -> Preset:
         local_spread=float(local.get("spread", 1.3)),
         local_seeds=[int(x) for x in local.get("seeds", [0, 1, 2, 3])],
         sensitivity=dict(p.get("sensitivity") or {}),
+        recall=dict(p.get("recall") or {}),
         accounting_overrides=list(p.get("accounting_overrides") or []),
         peak_flops=float(gpu["peak_flops"]) if "peak_flops" in gpu else None,
         mfu=float(gpu["mfu"]) if "mfu" in gpu else None,
@@ -483,6 +487,8 @@ def runs_folder(output_root: Path, preset: Preset, extra: list[str]) -> Path:
     the hash over everything that shapes a run (the preset's settings and the command line's overrides),
     so a changed preset or override never reuses a run trained under the old one."""
     identity = {k: v for k, v in asdict(preset).items() if k not in ("name", "description")}
+    if not identity["recall"]:  # a section added later counts only where set: older runs folders keep their names
+        del identity["recall"]
     identity["extra"] = list(extra)
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return output_root / "ladders" / f"runs-{preset.name}-{digest}"

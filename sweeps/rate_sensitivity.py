@@ -109,17 +109,17 @@ def run_sensitivity(
     runs_dir = runs_folder(output_root, study, extra)
     runs_dir.mkdir(parents=True, exist_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
-    lock = hold_runs_folder(runs_dir)  # noqa: F841 (held until the study returns)
-    todo = [r for r in runs if finished_summary(runs_dir, r.name) is None]
-    if todo:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        cmds = [(r.name, run_overrides(r, arms[r.arm], study, extra, runs_dir)) for r in todo]
-        failed = run_points(cmds, runs_dir, env, jobs)
-        if len(failed) == len(todo):
-            raise LadderError(f"every run failed ({', '.join(failed)}): not divergence; see {runs_dir}")
-        if failed:  # high rates are meant to fail; the table marks them diverged
-            print(f"{len(failed)} runs failed (diverged points in the table): {', '.join(failed)}")
-    summaries = {r.name: s for r in runs if (s := finished_summary(runs_dir, r.name)) is not None}
+    with hold_runs_folder(runs_dir):  # released when training ends, not left to the garbage collector
+        todo = [r for r in runs if finished_summary(runs_dir, r.name) is None]
+        if todo:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+            cmds = [(r.name, run_overrides(r, arms[r.arm], study, extra, runs_dir)) for r in todo]
+            failed = run_points(cmds, runs_dir, env, jobs)
+            if len(failed) == len(todo):
+                raise LadderError(f"every run failed ({', '.join(failed)}): not divergence; see {runs_dir}")
+            if failed:  # high rates are meant to fail; the table marks them diverged
+                print(f"{len(failed)} runs failed (diverged points in the table): {', '.join(failed)}")
+        summaries = {r.name: s for r in runs if (s := finished_summary(runs_dir, r.name)) is not None}
     table = folder / "sensitivity.csv"
     with open(table, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(COLUMNS))

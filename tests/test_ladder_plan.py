@@ -42,9 +42,11 @@ def test_every_rung_composes_in_both_arms_and_spans_8x(preset):
         non_embedding = [s.non_embedding_params for s in sizes["baseline"]]
         assert non_embedding == sorted(non_embedding) and non_embedding[-1] >= 8 * non_embedding[0]
         # an arm flips one decision: the same rung is (nearly) the same size in both (block AttnRes adds
-        # its per-sublayer queries and norms, 1.4% of the smallest CPU rung)
+        # its per-sublayer queries and norms, 1.4% of the smallest CPU rung); a mixer decision changes the
+        # mixer's own parameters (KDA against MLA: 9% at the smallest), which the ladder's compute axis counts
+        tolerance = 0.1 if decision == "kda_hybrid" else 0.02
         for a, b in zip(sizes["baseline"], sizes["variant"]):
-            assert abs(a.active_params - b.active_params) < 0.02 * a.active_params
+            assert abs(a.active_params - b.active_params) < tolerance * a.active_params
 
 
 def test_budgets_branch_points_and_checkpoints():

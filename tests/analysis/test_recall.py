@@ -50,10 +50,11 @@ def test_segments_train_report_and_compare(tmp_path, train_run):
     out = compare([str(run_dir), str(kda)], str(tmp_path / "cmp"))
     assert {Path(p).name for p in out["images"]} >= {"recall_width.png", "recall_state.png"}
     rows = (tmp_path / "cmp" / "recall.csv").read_text().splitlines()
-    assert rows[0] == "mixer,d_model,state numbers per token,fixed state numbers,T32 P4,T128 P16"
-    assert any(r.startswith("kda,64,0,9000,0.75,0.25") for r in rows)
+    assert rows[0] == "mixer,d_model,n_layers,state numbers per token,fixed state numbers,T32 P4,T128 P16"
+    assert any(r.startswith("kda,64,,0,9000,0.75,0.25") for r in rows)  # a summary without n_layers: blank
     mha_row = next(r for r in rows[1:] if not r.startswith("kda"))
-    assert mha_row.split(",")[4] == str(summary["val"]["accuracy/T32_P4"])
+    assert mha_row.split(",")[2] == str(summary["n_layers"])
+    assert mha_row.split(",")[5] == str(summary["val"]["accuracy/T32_P4"])
 
 
 def test_recall_state_axis_is_the_state_at_each_segment_length():
@@ -69,13 +70,15 @@ def test_recall_state_axis_is_the_state_at_each_segment_length():
 
 def test_a_point_swept_over_learning_rates_is_shown_at_its_best(tmp_path):
     """Zoology reports each (mixer, width) at its best learning rate: runs that differ only in
-    optimizer.lr become one row and one plotted point, the run with the highest mean segment accuracy."""
+    optimizer.lr become one row and one plotted point, the run with the highest mean segment accuracy;
+    runs of another depth are another point."""
     from analysis.compare import Run
     from analysis.recall import best_runs, plot, table
 
-    def run(point, d, lr, short, long):
+    def run(point, d, lr, short, long, layers=2):
         summary = {
             "d_model": d,
+            "n_layers": layers,
             "decode_state_numbers": {"per_token": 8 * d, "fixed": 0},
             "val": {"accuracy/T64_P4": short, "accuracy/T128_P16": long},
         }
@@ -89,13 +92,17 @@ def test_a_point_swept_over_learning_rates_is_shown_at_its_best(tmp_path):
         run("mha", 128, "0.001", 1.0, 0.9),
         run("mha", 128, "0.003", 0.3, 0.3),
         run("kda", 64, "0.003", 0.99, 0.8),
+        run("mha", 64, "0.001", 0.1, 0.1, layers=4),
+        run("mha", 64, "0.003", 0.5, 0.4, layers=4),
     ]
     header, rows = table(runs)
-    assert header[:3] == ["mixer", "d_model", "best optimizer.lr"] and header[-2:] == ["T64 P4", "T128 P16"]
-    assert [r[:3] + r[-2:] for r in rows] == [
-        ["kda", 64, "0.003", 0.99, 0.8],
-        ["mha", 64, "0.003", 0.2, 0.95],
-        ["mha", 128, "0.001", 1.0, 0.9],
+    assert header[:4] == ["mixer", "d_model", "n_layers", "best optimizer.lr"]
+    assert header[-2:] == ["T64 P4", "T128 P16"]
+    assert [r[:4] + r[-2:] for r in rows] == [
+        ["kda", 64, 2, "0.003", 0.99, 0.8],
+        ["mha", 64, 2, "0.003", 0.2, 0.95],
+        ["mha", 64, 4, "0.003", 0.5, 0.4],
+        ["mha", 128, 2, "0.001", 1.0, 0.9],
     ]
-    assert len(best_runs(runs)) == 3
+    assert len(best_runs(runs)) == 4
     assert plot(runs, tmp_path, "width").name == "recall_width.png"

@@ -1,0 +1,264 @@
+"""Associative recall beside the loss, for decisions about the sequence mixer: both arms at every rung
+trained on multi-query associative recall (Zoology's MQAR, ``components/data/mqar.py``), accuracy per
+test segment against the decoding state each model holds for a sequence of that segment's length;
+``python -m sweeps.run ladder DECISION --recall``.
+
+A loss ladder says how much compute a mixer saves; it does not say what a fixed-size recurrent state
+cannot hold. The preset's ``recall:`` section:
+
+* ``rungs``: the shapes trained (default the preset's own, so the points sit beside the ladder's);
+* ``overrides``: the task, applied after the preset's overrides (``data=mqar``, its vocabulary, sequence
+  length and segments; the rest of the preset -- precision, logger -- still applies);
+* ``steps``, ``batch_size`` and ``warmup_fraction`` (of the steps; default the preset's);
+* ``lrs``: every arm, rung and seed trains at each rate, and the best by mean accuracy over the test
+  segments stands for the point, as Zoology reports each architecture at its best rate (a best rate at
+  the sweep's edge is named in the table);
+* ``seeds`` (default ``[0]``).
+
+Runs get a runs folder of their own. The folder ``<output-root>/ladders/<DECISION>-<PRESET>-recall/``
+gets ``recall.csv`` and ``recall.md`` (one row per arm, rung and seed at its best rate: the decoding
+state per token and fixed, the accuracy of every segment, and the arm's bits per byte at that rung from
+the ladder table of the same decision and preset, ``<DECISION>-<PRESET>/ladder.csv``, where that ladder
+has run), ``recall_state.png`` (accuracy against state size, one panel per segment: its length and
+number of pairs) and, where the rungs differ in width, ``recall_width.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from sweeps.ladder_plan import (
+    ARMS,
+    LadderError,
+    LadderRun,
+    Preset,
+    account,
+    arm_overrides,
+    arm_slug,
+    load_decision,
+    run_overrides,
+    run_seed,
+    runs_folder,
+)
+from sweeps.ladder_rungs import Rung
+from sweeps.run_pool import run_points
+from sweeps.run_state import finished_summary, hold_runs_folder, keep_curves
+
+REPO = Path(__file__).resolve().parent.parent
+KEYS = ("rungs", "overrides", "steps", "batch_size", "warmup_fraction", "lrs", "seeds")
+REQUIRED = ("overrides", "steps", "batch_size", "lrs")
+
+
+def recall_preset(preset: Preset) -> Preset:
+    """The preset of the study: its rungs and seeds, the task's overrides after the preset's, no branches
+    or rate sweep (its rates are ``recall.lrs``); a runs folder of its own (the name and the section are
+    part of the runs folder's hash)."""
+    spec = preset.recall
+    where = f"presets/{preset.name}.yaml: recall"
+    if not spec:
+        raise LadderError(f"{where}: the preset has no recall: section (keys: {', '.join(KEYS)})")
+    unknown = sorted(set(spec) - set(KEYS))
+    if unknown:
+        raise LadderError(f"{where}: unknown keys {', '.join(unknown)}; allowed: {', '.join(KEYS)}")
+    missing = [k for k in REQUIRED if k not in spec]
+    if missing:
+        raise LadderError(f"{where}: missing {', '.join(missing)}")
+    rungs = [Rung(int(d), int(n)) for d, n in spec["rungs"]] if "rungs" in spec else list(preset.rungs)
+    for rung in rungs:
+        try:
+            rung.check()
+        except ValueError as err:
+            raise LadderError(f"{where}.rungs: {err}") from None
+    if not isinstance(spec["overrides"], list) or not all(isinstance(o, str) for o in spec["overrides"]):
+        raise LadderError(f"{where}.overrides: a list of train.py overrides (data=mqar and its settings)")
+    if "data=mqar" not in spec["overrides"]:
+        raise LadderError(f"{where}.overrides: must choose the recall task (data=mqar)")
+    for key in ("steps", "batch_size"):
+        if int(spec[key]) < 1:
+            raise LadderError(f"{where}.{key}: must be a positive integer, got {spec[key]}")
+    lrs = spec["lrs"]
+    if not isinstance(lrs, list) or not lrs or any(float(lr) <= 0 for lr in lrs):
+        raise LadderError(f"{where}.lrs: a non-empty list of positive learning rates, got {lrs}")
+    if not 0 <= float(spec.get("warmup_fraction", preset.warmup_fraction)) < 1:
+        raise LadderError(f"{where}.warmup_fraction: must lie in [0, 1)")
+    return replace(
+        preset,
+        name=f"{preset.name}-recall",
+        rungs=rungs,
+        overrides=[*preset.overrides, *spec["overrides"]],
+        branch_multiples=[],
+        seeds=[int(s) for s in spec.get("seeds", [0])],
+        lr_factors=[1.0],
+        lr_sweep_rungs=1,
+        lr_check_factors=[],
+        min_steps=None,
+    )
+
+
+def plan_recall(
+    decision: str, study: Preset, extra: list[str], arms_overrides: dict[str, list[str]]
+) -> list[LadderRun]:
+    """Every (arm, rung, seed, rate) run: ``recall.steps`` steps of ``recall.batch_size`` examples, the
+    warmup a share of the steps, the run seed the ladder's (seed, rung) seed, so both arms see the same
+    examples in the same order at a rung."""
+    spec = study.recall
+    steps, rows = int(spec["steps"]), int(spec["batch_size"])
+    warmup = max(1, round(float(spec.get("warmup_fraction", study.warmup_fraction)) * steps))
+    slugs = {arm: arm_slug(arms_overrides[arm]) for arm in ARMS}
+    if slugs["baseline"] == slugs["variant"]:  # an A/A study: the same runs twice would be one set
+        slugs = {arm: f"{slugs[arm]}-{arm}" for arm in ARMS}
+    runs = []
+    for arm in ARMS:
+        for rung in study.rungs:
+            size = account(arm_overrides(arms_overrides[arm], rung, study, extra, accounting=True))
+            size = replace(size, tokens_per_step=rows * size.seq_len * size.accumulate)
+            for seed in study.seeds:
+                for lr in sorted(float(x) for x in spec["lrs"]):
+                    runs.append(
+                        LadderRun(
+                            f"{slugs[arm]}-{rung.name}-mqar-s{seed}-lr{lr:g}",
+                            "recall",
+                            arm,
+                            rung,
+                            seed,
+                            tokens_per_param=steps * size.tokens_per_step / size.active_params,
+                            steps=steps,
+                            warmup=warmup,
+                            size=size,
+                            run_seed=run_seed(seed, rung),
+                            batch_rows=rows,
+                            lr=lr,
+                        )
+                    )
+    return runs
+
+
+def _as_run(run: LadderRun, summary: dict[str, Any], label: str) -> SimpleNamespace:
+    """A finished run as ``analysis.recall`` reads one: its summary, its arm as the line, its rate tuned."""
+    varied = {"point": label, "optimizer.lr": f"{run.lr:g}", "seed": run.seed}
+    return SimpleNamespace(summary=summary, varied=varied, label=f"{label} {run.rung.name} s{run.seed}", ladder=run)
+
+
+def ladder_bpb(table: Path) -> dict[tuple[str, str], float]:
+    """Each (arm, rung)'s mean validation bits per byte over seeds in a ladder table, at its main token
+    budget (rows whose rung carries no ``@tpp`` branch suffix); empty when the ladder has not run."""
+    if not table.is_file():
+        return {}
+    values: dict[tuple[str, str], list[float]] = {}
+    with open(table, newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                bpb = float(row["val_bpb"])
+            except (KeyError, ValueError):
+                continue
+            if math.isfinite(bpb) and "@" not in row.get("rung", "@"):
+                values.setdefault((row["arm"], row["rung"]), []).append(bpb)
+    return {key: sum(v) / len(v) for key, v in values.items()}
+
+
+def recall_rows(
+    decision: str,
+    runs: list[LadderRun],
+    summaries: dict[str, dict[str, Any]],
+    labels: dict[str, str],
+    bpb: dict[tuple[str, str], float],
+) -> tuple[list[str], list[list[Any]], list[Any]]:
+    """The study's table (header, rows) and the best runs it rests on, one per (arm, rung, seed)."""
+    from analysis import recall  # start-up time: matplotlib, only when the table is written
+
+    found = [_as_run(r, summaries[r.name], labels[r.arm]) for r in runs if r.name in summaries]
+    best = recall.best_runs(found)
+    segs = recall.segments(best)
+    rates: dict[tuple[str, Rung, int], list[float]] = {}
+    for r in runs:
+        rates.setdefault((r.arm, r.rung, r.seed), []).append(r.lr)
+    header = ["decision", "arm", "rung", "seed", "lr", "lr_edge", "state_per_token", "state_fixed",
+              *[f"accuracy/T{t}_P{p}" for t, p in segs], "ladder_val_bpb", "run_dir"]  # fmt: skip
+    rows = []
+    for b in best:
+        run, state = b.ladder, b.summary.get("decode_state_numbers") or {}
+        swept = sorted(rates[(run.arm, run.rung, run.seed)])
+        edge = "" if len(swept) < 2 else "low" if run.lr == swept[0] else "high" if run.lr == swept[-1] else ""
+        rows.append(
+            [
+                decision,
+                run.arm,
+                run.rung.name,
+                run.seed,
+                f"{run.lr:g}",
+                edge,
+                state.get("per_token", ""),
+                state.get("fixed", ""),
+                *[recall.accuracy(b, s) for s in segs],
+                bpb.get((run.arm, run.rung.name), ""),
+                b.summary.get("run_dir", ""),
+            ]
+        )
+    return header, rows, best
+
+
+def _markdown(header: list[str], rows: list[list[Any]]) -> str:
+    def cell(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    shown = [h for h in header if h not in ("decision", "run_dir")]
+    keep = [header.index(h) for h in shown]
+    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(cell(row[i]) for i in keep) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def run_recall(
+    decision: str, preset: Preset, extra: list[str], output_root: Path, jobs: int, report: bool = True
+) -> Path:
+    """Train the study's runs (those not finished yet) and write its table and figures; returns its folder."""
+    loaded = load_decision(decision)
+    arms = {arm: loaded[arm] for arm in ARMS}
+    study = recall_preset(preset)
+    runs = plan_recall(decision, study, extra, arms)
+    folder = output_root / "ladders" / f"{decision}-{study.name}"
+    runs_dir = runs_folder(output_root, study, extra)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"runs of preset {study.name}: {runs_dir}")
+    with hold_runs_folder(runs_dir):  # released when training ends, not left to the garbage collector
+        todo = [r for r in runs if finished_summary(runs_dir, r.name) is None]
+        if todo:
+            print(f"{len(todo)} to run ({len(runs) - len(todo)} finished)")
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+            cmds = [(r.name, run_overrides(r, arms[r.arm], study, extra, runs_dir)) for r in todo]
+            failed = run_points(cmds, runs_dir, env, jobs)
+            if failed:
+                raise LadderError(f"runs failed: {', '.join(failed)} (rerun the same command to retry them)")
+        summaries = {r.name: s for r in runs if (s := finished_summary(runs_dir, r.name)) is not None}
+        unfinished = [r.name for r in runs if r.name not in summaries]
+        if unfinished:
+            raise LadderError(f"runs ended without finishing their steps: {', '.join(unfinished)} (see {runs_dir})")
+    labels = {arm: f"{arm}: {arm_slug(arms[arm])}" for arm in ARMS}
+    bpb = ladder_bpb(output_root / "ladders" / f"{decision}-{preset.name}" / "ladder.csv")
+    header, rows, best = recall_rows(decision, runs, summaries, labels, bpb)
+    tmp = folder / "recall.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    os.replace(tmp, folder / "recall.csv")  # a table interrupted while written never replaces a whole one
+    note = "" if bpb else f"\n(no ladder table at {decision}-{preset.name}/ladder.csv yet: ladder_val_bpb is empty)\n"
+    (folder / "recall.md").write_text(
+        f"# {decision}: associative recall ({loaded.get('description', '')})\n\n" + _markdown(header, rows) + note
+    )
+    kept = keep_curves(folder, runs, summaries)
+    print(f"recall folder: {folder}\nrecall table: {folder / 'recall.csv'}\ncurves: {kept} runs")
+    if report:
+        from analysis import recall  # start-up time: matplotlib, only when the figures are drawn
+
+        recall.plot(best, folder, "state")
+        if len({r.rung.d_model for r in runs}) > 1 and len({r.rung.n_layers for r in runs}) == 1:
+            recall.plot(best, folder, "width")
+    return folder
