@@ -40,6 +40,7 @@ import glob
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -71,6 +72,7 @@ from sweeps.ladder_plan import (
     run_overrides,
     runs_folder,
 )
+from sweeps.ladder_rungs import Rung
 from sweeps.rate_sensitivity import plan_sensitivity, run_sensitivity, sensitivity_preset
 from sweeps.recall_study import plan_recall, recall_preset, run_recall
 from sweeps.run_pool import run_points
@@ -301,6 +303,30 @@ def run_ladder(
     return folder
 
 
+def parse_rung(text: str) -> Rung:
+    """``32x8`` or ``d32x8``: d_model 32 with 8 layers, checked against the rung rule."""
+    match = re.fullmatch(r"d?(\d+)x(\d+)", text.strip())
+    if not match:
+        raise LadderError(f"--rung: expected D_MODELxN_LAYERS (e.g. 32x8), got {text!r}")
+    rung = Rung(int(match.group(1)), int(match.group(2)))
+    try:
+        rung.check()
+    except ValueError as err:
+        raise LadderError(f"--rung: {err}") from None
+    return rung
+
+
+def at_rung(preset: Preset, rung: Rung, study: str) -> Preset:
+    """The preset with ``study``'s rung replaced, named ``<preset>-<rung>`` so its folders stand apart."""
+    name = f"{preset.name}-{rung.name}"
+    pair = [rung.d_model, rung.n_layers]
+    if study == "--local":
+        return replace(preset, name=name, local_rung=rung)
+    if study == "--rate-sensitivity":
+        return replace(preset, name=name, sensitivity={**preset.sensitivity, "rung": pair})
+    return replace(preset, name=name, recall={**preset.recall, "rungs": [pair]})
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sweeps.run ladder", description=__doc__.splitlines()[0])
     p.add_argument("decision", help="one of: " + ", ".join(decision_names()))
@@ -333,6 +359,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         "on MQAR (the preset's recall: section), accuracy per test segment against decoding state size, beside "
         "the ladder's loss (sweeps/recall_study.py)",
     )
+    p.add_argument(
+        "--rung",
+        default=None,
+        help="with --local, --rate-sensitivity or --recall: the rung to study instead of the preset's (e.g. 32x8: "
+        "d_model 32, 8 layers); its runs and folders are named <preset>-d32x8",
+    )
     args, extra = p.parse_known_args(argv)
     try:
         if args.jobs < 1:
@@ -345,6 +377,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                                          ("--recall", args.recall)] if on]  # fmt: skip
         if len(studies) > 1:
             raise LadderError(f"{' and '.join(studies)} are different studies: choose one")
+        if args.rung is not None:
+            if not studies:
+                raise LadderError("--rung goes with --local, --rate-sensitivity or --recall (a ladder runs every rung)")
+            preset = at_rung(preset, parse_rung(args.rung), studies[0])
         if args.dry_run:
             arms = {arm: decision[arm] for arm in ARMS}
             if args.rate_sensitivity:

@@ -71,3 +71,23 @@ def test_the_sensitivity_dry_run_lists_its_runs(capsys):
     out = capsys.readouterr().out
     assert "preset cpu-sensitivity" in out and "-lrx16 " in out and "-lrx0.125 " in out
     assert ladder.main(["latent_norm", "--rate-sensitivity", "--local", "--dry-run"]) == 2
+
+
+def test_rung_moves_a_study_to_another_rung_with_folders_of_its_own(capsys):
+    """--rung: the local comparison of the depth preset at 8 layers instead of 16, under its own name (its
+    runs folder and its comparison folder stand apart from the 16-layer one); a plain ladder refuses it."""
+    p = ladder_plan.load_preset("cpu_depth")
+    at8 = ladder.at_rung(p, ladder.parse_rung("32x8"), "--local")
+    assert ladder_plan.local_preset(at8).rungs == [ladder_plan.Rung(32, 8)]
+    assert ladder_plan.local_preset(at8).name == "cpu_depth-d32x8-local"
+    folders = {ladder_plan.runs_folder(Path("/o"), ladder_plan.local_preset(q), []) for q in (p, at8)}
+    assert len(folders) == 2
+    runs = ladder_plan.plan_local("block_attnres", ladder_plan.local_preset(at8), [], _arms("block_attnres"))
+    assert {r.rung for r in runs} == {ladder_plan.Rung(32, 8)}
+    assert sensitivity_preset(ladder.at_rung(p, ladder.parse_rung("d32x8"), "--rate-sensitivity")).rungs == [
+        ladder_plan.Rung(32, 8)
+    ]
+    assert ladder.main(["block_attnres", "--preset", "cpu_depth", "--rung", "32x8", "--dry-run"]) == 2
+    assert "--rung goes with --local" in capsys.readouterr().err
+    assert ladder.main(["block_attnres", "--local", "--rung", "33x8", "--dry-run"]) == 2
+    assert "multiple of 16" in capsys.readouterr().err
