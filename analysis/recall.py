@@ -134,15 +134,20 @@ def plot(runs: list[Any], out: Path, x_of: str) -> Optional[Path]:
     if not segs:
         return None
     runs = best_runs(runs)
+
+    def line_of(run: Any) -> str:  # against width, runs of several depths are one line per depth
+        return f"{_line(run)}, {depth(run)} layers" if x_of == "width" and several_depths else _line(run)
+
+    several_depths = len({depth(r) for r in runs}) > 1
     plt = pyplot()
     fig, axes = _panels(plt, len(segs))
-    lines = sorted({_line(r) for r in runs})
+    lines = sorted({line_of(r) for r in runs})
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, seg in zip(axes, segs):
         for i, name in enumerate(lines):
             points = []
             for r in runs:
-                if _line(r) != name or accuracy(r, seg) is None:
+                if line_of(r) != name or accuracy(r, seg) is None:
                     continue
                 x = width(r) if x_of == "width" else state_numbers(r, seg[0])
                 if x is not None:

@@ -75,8 +75,7 @@ from sweeps.ladder_plan import (
 from sweeps.ladder_rungs import Rung
 from sweeps.rate_sensitivity import plan_sensitivity, run_sensitivity, sensitivity_preset
 from sweeps.recall_study import plan_recall, recall_preset, run_recall
-from sweeps.run_pool import run_points
-from sweeps.run_state import finished_summary, hold_runs_folder, keep_curves
+from sweeps.run_state import hold_runs_folder, keep_curves, train_unfinished
 
 LOCAL_FILE = "local.csv"  # a local comparison's table (analysis/local_multiplier.py reads it)
 
@@ -190,57 +189,79 @@ def measure_rate(overrides: list[str], steps: int, jobs: int = 1) -> Rate:
 def _launch(
     runs: list[LadderRun], arms: dict[str, list[str]], preset: Preset, extra: list[str], runs_dir: Path, jobs: int
 ) -> dict[str, dict[str, Any]]:
-    """Run every unfinished run (up to ``jobs`` at once); returns the summaries of all finished ones."""
-    summaries = {r.name: s for r in runs if (s := finished_summary(runs_dir, r.name)) is not None}
-    todo = [r for r in runs if r.name not in summaries]
-    if todo:
-        print(f"{len(todo)} to run ({len(runs) - len(todo)} finished): {', '.join(r.name for r in todo)}")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        cmds = [(r.name, run_overrides(r, arms[r.arm], preset, extra, runs_dir)) for r in todo]
-        failed = run_points(cmds, runs_dir, env, jobs)
-        if failed:
-            raise LadderError(f"runs failed: {', '.join(failed)} (rerun the same command to retry them)")
-        for r in todo:
-            s = finished_summary(runs_dir, r.name)
-            if s is None:
-                raise LadderError(f"run {r.name} ended without finishing its steps (see {runs_dir / r.name})")
-            summaries[r.name] = s
+    """Run every unfinished run (up to ``jobs`` at once); returns the summaries of all finished ones. Any
+    failure stops the ladder: its points are all needed."""
+    summaries, failed = train_unfinished(
+        runs, lambda r: run_overrides(r, arms[r.arm], preset, extra, runs_dir), runs_dir, jobs
+    )
+    if failed:
+        raise LadderError(f"runs failed: {', '.join(failed)} (rerun the same command to retry them)")
+    for r in runs:
+        if r.name not in summaries:
+            raise LadderError(f"run {r.name} ended without finishing its steps (see {runs_dir / r.name})")
     return summaries
 
 
-def _trained_lr(folder: Path) -> Optional[float]:
-    """The learning rate a run folder was trained at (its composed config), if it records one."""
+def _trained_settings(folder: Path) -> Optional[dict[str, Optional[float]]]:
+    """The learning rate, warmup steps and batch rows a run folder was trained with (its composed config):
+    None without a readable config, a setting None where the config lacks it."""
     try:
-        return float(yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())["optimizer"]["lr"])
+        config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+        lr = float(config["optimizer"]["lr"])
     except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
         return None
+    optimizer, data = config.get("optimizer") or {}, config.get("data") or {}
+    return {"lr": lr, "warmup": optimizer.get("warmup_steps"), "batch": data.get("batch_size")}
+
+
+def _mismatch(run: LadderRun, trained: dict[str, Optional[float]]) -> Optional[str]:
+    """How a folder's settings differ from the run's plan (the rate as run_overrides passes it), or None."""
+    planned = float(f"{run.lr:.6g}")
+    if not math.isclose(trained["lr"], planned, rel_tol=1e-5):
+        return f"trained at lr {trained['lr']:.6g}, the ladder now chooses {planned:.6g}"
+    if trained["warmup"] is not None and int(trained["warmup"]) != run.warmup:
+        return f"trained with {trained['warmup']} warmup steps, the plan has {run.warmup}"
+    if run.batch_rows is not None and trained["batch"] is not None and int(trained["batch"]) != run.batch_rows:
+        return f"trained on batches of {trained['batch']} rows, the plan has {run.batch_rows}"
+    return None
 
 
 def set_aside_stale_runs(runs: list[LadderRun], runs_dir: Path) -> list[Path]:
-    """Move aside the folders of stable and branch runs trained (or begun) at another learning rate than
-    the one chosen now, so they are trained again instead of being taken as finished or resumed: a
-    changed rate rule, or learning-rate runs that changed, would otherwise leave old rates in the table.
-    A folder moves to ``stale/<folder>-lr<rate>`` in the runs folder, never deleted. Returns the new paths."""
+    """Move aside the folders of stable and branch runs trained (or begun) under other settings than the
+    plan's (another learning rate, warmup or batch), so they are trained again instead of being taken as
+    finished or resumed: a changed rate rule, learning-rate runs that changed, or another decision sharing
+    an arm (its baseline sets the shared arm's rate under the baseline rule) would otherwise leave other
+    settings in the table. A folder moves to ``stale/<folder>-lr<rate>`` in the runs folder, never
+    deleted; a stale folder whose settings are the plan's comes back (two decisions sharing an arm then
+    take turns without retraining it). Returns the paths moved aside."""
     moved = []
+    stale_dir = runs_dir / "stale"
     for run in runs:
         if run.phase == "lr" or run.lr is None:
             continue
-        planned = float(f"{run.lr:.6g}")  # as run_overrides passes it
         for folder in [runs_dir / run.name, *sorted(runs_dir.glob(f"{glob.escape(run.name)}-[0-9]*"))]:
-            trained = _trained_lr(folder)
-            if trained is None or math.isclose(trained, planned, rel_tol=1e-5):
+            trained = _trained_settings(folder)
+            why = trained and _mismatch(run, trained)
+            if not why:
                 continue
-            target = runs_dir / "stale" / f"{folder.name}-lr{trained:.6g}"
+            target = stale_dir / f"{folder.name}-lr{trained['lr']:.6g}"
             n = 1
             while target.exists():
                 n += 1
-                target = runs_dir / "stale" / f"{folder.name}-lr{trained:.6g}-{n}"
-            target.parent.mkdir(exist_ok=True)
+                target = stale_dir / f"{folder.name}-lr{trained['lr']:.6g}-{n}"
+            stale_dir.mkdir(exist_ok=True)
             folder.rename(target)
-            print(
-                f"{folder.name}: trained at lr {trained:.6g}, the ladder now chooses {planned:.6g}: moved to {target}"
-            )
+            print(f"{folder.name}: {why}: moved to {target}")
             moved.append(target)
+        if (runs_dir / run.name).exists() or not stale_dir.is_dir():
+            continue
+        for folder in sorted(stale_dir.glob(f"{glob.escape(run.name)}-lr*")):
+            trained = _trained_settings(folder)
+            rest = folder.name[len(run.name) :]
+            if re.fullmatch(r"-lr[0-9.e+-]+(-[0-9]+)?", rest) and trained and not _mismatch(run, trained):
+                folder.rename(runs_dir / run.name)
+                print(f"{run.name}: trained under the plan's settings before: restored from {folder}")
+                break
     return moved
 
 
@@ -319,6 +340,8 @@ def parse_rung(text: str) -> Rung:
 def at_rung(preset: Preset, rung: Rung, study: str) -> Preset:
     """The preset with ``study``'s rung replaced, named ``<preset>-<rung>`` so its folders stand apart."""
     name = f"{preset.name}-{rung.name}"
+    if study == "--recall" and not preset.recall:  # the sensitivity section has defaults; this one has none
+        raise LadderError(f"--rung: preset {preset.name} has no recall: section to move to {rung.name}")
     pair = [rung.d_model, rung.n_layers]
     if study == "--local":
         return replace(preset, name=name, local_rung=rung)
@@ -363,7 +386,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--rung",
         default=None,
         help="with --local, --rate-sensitivity or --recall: the rung to study instead of the preset's (e.g. 32x8: "
-        "d_model 32, 8 layers); its runs and folders are named <preset>-d32x8",
+        "d_model 32, 8 layers); its runs and folders are named <preset>-d32x8-local (-sensitivity, -recall)",
     )
     args, extra = p.parse_known_args(argv)
     try:
@@ -377,9 +400,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                                          ("--recall", args.recall)] if on]  # fmt: skip
         if len(studies) > 1:
             raise LadderError(f"{' and '.join(studies)} are different studies: choose one")
+        ladder_name = None
         if args.rung is not None:
             if not studies:
                 raise LadderError("--rung goes with --local, --rate-sensitivity or --recall (a ladder runs every rung)")
+            ladder_name = f"{args.decision}-{preset.name}"  # the recall study sets the ladder's loss beside it
             preset = at_rung(preset, parse_rung(args.rung), studies[0])
         if args.dry_run:
             arms = {arm: decision[arm] for arm in ARMS}
@@ -407,11 +432,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             print_plan(runs, preset, rates, args.jobs)
             return 0
         output_root = Path(args.output_root).resolve()
+        ladder_table = output_root / "ladders" / (ladder_name or f"{args.decision}-{preset.name}") / "ladder.csv"
         if args.rate_sensitivity:
             run_sensitivity(args.decision, preset, extra, output_root, args.jobs, not args.no_report)
             return 0
         if args.recall:
-            run_recall(args.decision, preset, extra, output_root, args.jobs, not args.no_report)
+            run_recall(args.decision, preset, extra, output_root, args.jobs, not args.no_report, ladder_table)
             return 0
         run_ladder(args.decision, preset, extra, output_root, args.jobs, not args.no_report, args.local)
     except LadderError as err:

@@ -482,14 +482,17 @@ def arm_slug(arm: list[str]) -> str:
     return slug
 
 
-def runs_folder(output_root: Path, preset: Preset, extra: list[str]) -> Path:
+def runs_folder(output_root: Path, preset: Preset, extra: list[str], study: Optional[dict] = None) -> Path:
     """Where a preset's runs live, shared by every decision trained at it: ``ladders/runs-<preset>-<hash>``,
-    the hash over everything that shapes a run (the preset's settings and the command line's overrides),
-    so a changed preset or override never reuses a run trained under the old one."""
-    identity = {k: v for k, v in asdict(preset).items() if k not in ("name", "description")}
-    if not identity["recall"]:  # a section added later counts only where set: older runs folders keep their names
-        del identity["recall"]
+    the hash over everything that shapes a run (the preset's settings, the command line's overrides and
+    ``study``, the settings of a study whose runs are not the ladder's), so a changed preset or override
+    never reuses a run trained under the old one. The ``recall:`` section shapes only the recall study's
+    runs (which pass it as ``study``): editing it leaves the ladder's runs folder, and the names of folders
+    made before the section existed, as they were."""
+    identity = {k: v for k, v in asdict(preset).items() if k not in ("name", "description", "recall")}
     identity["extra"] = list(extra)
+    if study is not None:
+        identity["study"] = study
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return output_root / "ladders" / f"runs-{preset.name}-{digest}"
 
@@ -678,7 +681,7 @@ def scheduled_seconds(runs: list[LadderRun], rates: dict[str, Rate], jobs: int) 
     runs the branches start from, beside the learning-rate checks), and within a phase runs start in plan
     order as slots free up."""
     total = 0.0
-    for phases in (("lr",), ("lr_check", "stable"), ("branch",)):
+    for phases in (("lr",), ("lr_check", "stable", "recall"), ("branch",)):
         slots = [0.0] * max(1, jobs)
         for run in runs:
             if run.phase in phases and run.rung.name in rates:

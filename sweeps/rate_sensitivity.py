@@ -13,7 +13,6 @@ an error. The folder ``<output-root>/ladders/<DECISION>-<PRESET>-sensitivity/`` 
 from __future__ import annotations
 
 import csv
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -22,8 +21,7 @@ from typing import Any
 
 from sweeps.ladder_plan import ARMS, LadderError, LadderRun, Preset, load_decision, plan, run_overrides, runs_folder
 from sweeps.ladder_rungs import Rung
-from sweeps.run_pool import run_points
-from sweeps.run_state import finished_summary, hold_runs_folder, keep_curves
+from sweeps.run_state import hold_runs_folder, keep_curves, train_unfinished
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_FACTORS = [2.0**e for e in range(-3, 5)]
@@ -110,16 +108,13 @@ def run_sensitivity(
     runs_dir.mkdir(parents=True, exist_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     with hold_runs_folder(runs_dir):  # released when training ends, not left to the garbage collector
-        todo = [r for r in runs if finished_summary(runs_dir, r.name) is None]
-        if todo:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-            cmds = [(r.name, run_overrides(r, arms[r.arm], study, extra, runs_dir)) for r in todo]
-            failed = run_points(cmds, runs_dir, env, jobs)
-            if len(failed) == len(todo):
-                raise LadderError(f"every run failed ({', '.join(failed)}): not divergence; see {runs_dir}")
-            if failed:  # high rates are meant to fail; the table marks them diverged
-                print(f"{len(failed)} runs failed (diverged points in the table): {', '.join(failed)}")
-        summaries = {r.name: s for r in runs if (s := finished_summary(runs_dir, r.name)) is not None}
+        summaries, failed = train_unfinished(
+            runs, lambda r: run_overrides(r, arms[r.arm], study, extra, runs_dir), runs_dir, jobs
+        )
+    if failed and not summaries:
+        raise LadderError(f"every run failed ({', '.join(failed)}): not divergence; see {runs_dir}")
+    if failed:  # high rates are meant to fail; the table marks them diverged
+        print(f"{len(failed)} runs failed (diverged points in the table): {', '.join(failed)}")
     table = folder / "sensitivity.csv"
     with open(table, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(COLUMNS))

@@ -33,7 +33,6 @@ start their ``train.py`` processes through ``sweeps/run_pool.py``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ import yaml
 
 from runtime.sweep_job import split_override
 from sweeps import ladder
-from sweeps.run_pool import run_points
+from sweeps.run_pool import repo_env, run_points
 
 STUDIES = Path(__file__).resolve().parent
 REPO = STUDIES.parent
@@ -193,8 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{point}: python train.py " + " ".join(cmd))
         return 0
     print(f"study {args.study}: {study.get('description', '')}\nsweep folder: {sweep_dir}")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    failed = run_points(cmds, Path(args.output_root).resolve(), env, args.jobs)
+    failed = run_points(cmds, Path(args.output_root).resolve(), repo_env(), args.jobs)
     print(f"sweep folder: {sweep_dir}\ncompare: python -m analysis.compare {sweep_dir}")
     if failed:
         print(f"error: points failed: {', '.join(failed)}", file=sys.stderr)

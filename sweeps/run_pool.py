@@ -6,6 +6,7 @@ their share of the cores (``runtime.cpu_threads``) and the study point's name in
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -15,6 +16,11 @@ from runtime.cpu_threads import threads_per_job
 from runtime.sweep_job import point_env
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def repo_env() -> dict[str, str]:
+    """This environment with the repository first on PYTHONPATH, for the train.py processes of a study."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 def run_points(cmds: list[tuple[str, list[str]]], output_root: Path, env: dict[str, str], jobs: int = 1) -> list[str]:

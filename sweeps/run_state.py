@@ -9,10 +9,11 @@ import fcntl
 import glob
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from runtime.json_records import read_json_lines
 from sweeps.ladder_plan import LadderError, LadderRun
+from sweeps.run_pool import repo_env, run_points
 
 
 def finished_summary(runs_dir: Path, name: str) -> Optional[dict[str, Any]]:
@@ -28,9 +29,24 @@ def finished_summary(runs_dir: Path, name: str) -> Optional[dict[str, Any]]:
     return None
 
 
+def train_unfinished(
+    runs: list[LadderRun], command: Callable[[LadderRun], list[str]], runs_dir: Path, jobs: int
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Train every run of ``runs`` not finished in ``runs_dir`` (``command(run)``: its train.py overrides),
+    up to ``jobs`` at once. Returns the summaries of all finished runs and the names of the runs that
+    failed; what a failure means (an error, or a rate that diverged) is the caller's to say."""
+    todo = [r for r in runs if finished_summary(runs_dir, r.name) is None]
+    failed: list[str] = []
+    if todo:
+        print(f"{len(todo)} to run ({len(runs) - len(todo)} finished): {', '.join(r.name for r in todo)}")
+        failed = run_points([(r.name, command(r)) for r in todo], runs_dir, repo_env(), jobs)
+    summaries = {r.name: s for r in runs if (s := finished_summary(runs_dir, r.name)) is not None}
+    return summaries, failed
+
+
 def hold_runs_folder(runs_dir: Path):
-    """An exclusive lock on a preset's runs folder for the ladder's lifetime: two ladders sharing an arm
-    would otherwise train the same run into the same folder at once."""
+    """An exclusive lock on a preset's runs folder while a study trains in it (use it as a context): two
+    ladders sharing an arm would otherwise train the same run into the same folder at once."""
     handle = open(runs_dir / ".lock", "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

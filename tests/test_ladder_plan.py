@@ -18,7 +18,7 @@ import torch
 from analysis.model_report import report
 from components.optim.schedules.wsd import decay_start
 from runtime.rate_probe import Rate
-from sweeps import ladder, ladder_plan
+from sweeps import ladder, ladder_plan, run_state
 from sweeps.ladder_rungs import Rung
 
 
@@ -111,12 +111,12 @@ def test_finished_means_every_planned_step(tmp_path):
     run = tmp_path / "variant-d32x4-s0"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"steps": 40, "planned_steps": 100}))
-    assert ladder.finished_summary(tmp_path, "variant-d32x4-s0") is None
+    assert run_state.finished_summary(tmp_path, "variant-d32x4-s0") is None
     again = tmp_path / "variant-d32x4-s0-2"
     again.mkdir()
     (again / "summary.json").write_text(json.dumps({"steps": 100, "planned_steps": 100, "val": {"loss": 1.0}}))
-    assert ladder.finished_summary(tmp_path, "variant-d32x4-s0")["steps"] == 100
-    assert ladder.finished_summary(tmp_path, "variant-d32x4-s1") is None
+    assert run_state.finished_summary(tmp_path, "variant-d32x4-s0")["steps"] == 100
+    assert run_state.finished_summary(tmp_path, "variant-d32x4-s1") is None
 
 
 def test_gpu_dry_run_prints_runs_flops_and_gpu_hours(capsys):
@@ -191,11 +191,11 @@ def test_an_a_a_ladder_keeps_its_two_arms_apart():
 
 
 def test_one_ladder_at_a_time_per_runs_folder(tmp_path):
-    held = ladder.hold_runs_folder(tmp_path)
+    held = run_state.hold_runs_folder(tmp_path)
     with pytest.raises(ladder_plan.LadderError, match="another ladder is training in"):
-        ladder.hold_runs_folder(tmp_path)
+        run_state.hold_runs_folder(tmp_path)
     held.close()
-    ladder.hold_runs_folder(tmp_path).close()  # free again once the first ladder is done
+    run_state.hold_runs_folder(tmp_path).close()  # free again once the first ladder is done
 
 
 def test_the_time_estimate_schedules_phases_one_after_another():
@@ -279,9 +279,42 @@ def test_runs_trained_at_another_rate_are_set_aside_not_reused(tmp_path, capsys)
     assert sorted(m.name for m in moved) == [f"{stale.name}-2-lr0.024", f"{stale.name}-lr0.024"]
     assert all(m.parent == tmp_path / "stale" for m in moved)
     assert (tmp_path / kept.name).is_dir() and not (tmp_path / stale.name).exists()
-    assert ladder.finished_summary(tmp_path, stale.name) is None and ladder.finished_summary(tmp_path, kept.name)
+    assert run_state.finished_summary(tmp_path, stale.name) is None and run_state.finished_summary(tmp_path, kept.name)
     assert "the ladder now chooses 0.0123457" in capsys.readouterr().out
     assert ladder.set_aside_stale_runs(runs, tmp_path) == []  # idempotent
+
+
+def test_a_shared_arm_trained_under_another_decisions_settings_is_set_aside_then_restored(tmp_path, capsys):
+    """Two decisions share the variant: under the baseline rule each gives it its own rate, and the warmup
+    follows the smaller arm. A run trained with another warmup is never reused; a stale folder whose
+    settings are the plan's comes back instead of training again."""
+    p = ladder_plan.load_preset("cpu")
+    d = ladder_plan.load_decision("block_attnres")
+    run = next(
+        r for r in ladder_plan.plan("block_attnres", p, [], {a: d[a] for a in ladder_plan.ARMS}) if r.phase == "stable"
+    )
+    run.lr = 0.02
+
+    def write(folder, lr, warmup):
+        (folder / ".hydra").mkdir(parents=True)
+        config = f"optimizer:\n  lr: {lr}\n  warmup_steps: {warmup}\ndata:\n  batch_size: {run.batch_rows}\n"
+        (folder / ".hydra" / "config.yaml").write_text(config)
+        (folder / "summary.json").write_text(json.dumps({"steps": 5, "planned_steps": 5, "lr": lr}))
+
+    write(tmp_path / run.name, 0.02, run.warmup + 3)  # the same rate, another warmup: another run
+    moved = ladder.set_aside_stale_runs([run], tmp_path)
+    assert [m.name for m in moved] == [f"{run.name}-lr0.02"]
+    assert f"warmup steps, the plan has {run.warmup}" in capsys.readouterr().out
+    assert run_state.finished_summary(tmp_path, run.name) is None
+    write(tmp_path / "stale" / f"{run.name}-lr0.03", 0.03, run.warmup)  # another rate: stays aside
+    write(tmp_path / "stale" / f"{run.name}-lr0.02-2", 0.02, run.warmup)  # the plan's settings: comes back
+    assert ladder.set_aside_stale_runs([run], tmp_path) == []
+    assert "restored from" in capsys.readouterr().out
+    assert run_state.finished_summary(tmp_path, run.name)["lr"] == 0.02
+    assert (tmp_path / "stale" / f"{run.name}-lr0.03").is_dir() and (tmp_path / "stale" / f"{run.name}-lr0.02").is_dir()
+    run.lr = 0.03  # the other decision's turn: this folder goes aside, the one at its rate comes back
+    assert [m.name for m in ladder.set_aside_stale_runs([run], tmp_path)] == [f"{run.name}-lr0.02-2"]
+    assert run_state.finished_summary(tmp_path, run.name)["lr"] == 0.03
 
 
 # -- rungs without confounds -----------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ the ladder's loss beside it, and the state figure is drawn."""
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,7 @@ recall:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_recall_study_trains_both_arms_and_tabulates_each_points_best_rate(tmp_path, monkeypatch):
+def test_a_recall_study_trains_both_arms_and_tabulates_each_points_best_rate(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     preset = tmp_path / "tiny.yaml"
     preset.write_text(TINY_PRESET)
@@ -56,8 +55,13 @@ def test_a_recall_study_trains_both_arms_and_tabulates_each_points_best_rate(tmp
     assert (float(rows["baseline"]["ladder_val_bpb"]), float(rows["variant"]["ladder_val_bpb"])) == (3.25, 3.5)
     assert (folder / "recall_state.png").stat().st_size > 0 and (folder / "recall.md").is_file()
     assert len(list((folder / "curves").glob("*.csv"))) == 4
-    # run again: every run is finished, nothing trains, the same table
+    assert {row["lrs_failed"] for row in rows.values()} == {""}
+    # run again: every run is finished, nothing trains (no summary rewritten), the same table
     before = (folder / "recall.csv").read_text()
+    summaries = {p: p.stat().st_mtime_ns for p in tmp_path.glob("ladders/runs-tiny-recall-*/*/summary.json")}
+    assert len(summaries) == 4
+    capsys.readouterr()
     assert ladder.main(argv) == 0
+    assert "to run" not in capsys.readouterr().out
     assert (folder / "recall.csv").read_text() == before
-    assert os.path.isdir(folder)
+    assert {p: p.stat().st_mtime_ns for p in summaries} == summaries
