@@ -42,13 +42,18 @@ def _read(folder: Path, name: str, kind: str, allowed: tuple[str, ...], required
     if not path.is_file():
         raise LadderError(f"{kind} '{name}' not found; {kind}s: {', '.join(_names(folder))}")
     data = yaml.safe_load(path.read_text()) or {}
+    check_keys(path.name, data, allowed, required)
+    return data
+
+
+def check_keys(where: str, data: dict, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> None:
+    """Refuse a section with keys outside ``allowed`` or without one of ``required``, naming them."""
     unknown = sorted(set(data) - set(allowed))
     if unknown:
-        raise LadderError(f"{path.name}: unknown keys {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+        raise LadderError(f"{where}: unknown keys {', '.join(unknown)}; allowed: {', '.join(allowed)}")
     missing = [k for k in required if k not in data]
     if missing:
-        raise LadderError(f"{path.name}: missing {', '.join(missing)}")
-    return data
+        raise LadderError(f"{where}: missing {', '.join(missing)}")
 
 
 def decision_names() -> list[str]:

@@ -19,7 +19,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sweeps.ladder_plan import ARMS, LadderError, LadderRun, Preset, load_decision, plan, run_overrides, runs_folder
+from sweeps.ladder_plan import (
+    ARMS,
+    LadderError,
+    LadderRun,
+    Preset,
+    check_keys,
+    load_decision,
+    plan,
+    run_overrides,
+    runs_folder,
+)
 from sweeps.ladder_rungs import Rung
 from sweeps.run_state import hold_runs_folder, keep_curves, train_unfinished
 
@@ -33,9 +43,7 @@ COLUMNS = ("decision", "arm", "seed", "lr", "lr_factor", "val_bpb", "val_loss", 
 def sensitivity_preset(preset: Preset) -> Preset:
     """The preset of the study: one rung, no branches, its seeds and budget; a runs folder of its own."""
     spec = preset.sensitivity
-    unknown = sorted(set(spec) - set(KEYS))
-    if unknown:
-        raise LadderError(f"sensitivity: unknown keys {', '.join(unknown)}; allowed: {', '.join(KEYS)}")
+    check_keys("sensitivity", spec, KEYS)
     rung = Rung(*(int(v) for v in spec["rung"])) if "rung" in spec else preset.rungs[min(1, len(preset.rungs) - 1)]
     try:
         rung.check()

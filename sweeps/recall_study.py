@@ -41,6 +41,7 @@ from sweeps.ladder_plan import (
     account,
     arm_overrides,
     arm_slug,
+    check_keys,
     load_decision,
     run_overrides,
     run_seed,
@@ -80,12 +81,7 @@ def recall_preset(preset: Preset) -> Preset:
     where = f"preset {preset.name}: recall"
     if not spec:
         raise LadderError(f"preset {preset.name} has no recall: section (keys: {', '.join(KEYS)})")
-    unknown = sorted(set(spec) - set(KEYS))
-    if unknown:
-        raise LadderError(f"{where}: unknown keys {', '.join(unknown)}; allowed: {', '.join(KEYS)}")
-    missing = [k for k in REQUIRED if k not in spec]
-    if missing:
-        raise LadderError(f"{where}: missing {', '.join(missing)}")
+    check_keys(where, spec, KEYS, REQUIRED)
     rungs = list(preset.rungs)
     if "rungs" in spec:
         try:
