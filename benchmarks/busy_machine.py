@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 
 from runtime.cpu_thread_tuning import TuningPlan, candidate_threads
-from runtime.cpu_wait_policy import CHOICE, USER_VARIABLES
+from runtime.cpu_wait_policy import CHOICE, USER_VARIABLES, usable_cpus
 from runtime.rate_probe import REPO, Rate, probe_rate
 
 COMPETITORS = {
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=24, help="steady-state steps timed per measurement")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of all conditions (median of them)")
     p.add_argument("--max-competitors", type=int, default=2, help="competitors of each kind: 0 up to this many")
-    cores = os.cpu_count() or 1
+    cores = len(usable_cpus())  # the cores this process may use, as the wait policy counts them
     p.add_argument("--warm", type=int, default=warm_steps(cores), help="steps left out of each rate")
     p.add_argument("--quick", action="store_true", help="alone and 1 competitor of each kind, 6 steps")
     p.add_argument("overrides", nargs="*", help="train.py overrides (default: the README's run)")

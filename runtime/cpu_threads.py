@@ -7,12 +7,13 @@ other's time and a run slows down several-fold.
 
 from __future__ import annotations
 
-import os
+from runtime.cpu_wait_policy import usable_cpus
 
 
 def threads_per_job(jobs: int, env: dict[str, str]) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` for each of ``jobs`` concurrent runs: the cores split between them. A thread
-    count the caller set is kept."""
+    """``OMP_NUM_THREADS`` for each of ``jobs`` concurrent runs: the cores this process may use (its
+    affinity mask, not the machine's count: a ``taskset`` or a container's cpuset) split between them. A
+    thread count the caller set is kept."""
     if jobs <= 1 or "OMP_NUM_THREADS" in env:
         return {}
-    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
+    return {"OMP_NUM_THREADS": str(max(1, len(usable_cpus()) // jobs))}

@@ -8,7 +8,6 @@ import copy
 import functools
 import json
 import math
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -209,12 +208,16 @@ def test_the_time_estimate_schedules_phases_one_after_another():
     assert serial / 2 <= two < serial  # two slots, but a phase's longest run still bounds it
 
 
-def test_concurrent_jobs_split_the_cores():
+def test_concurrent_jobs_split_the_cores_this_process_may_use(monkeypatch):
+    from runtime import cpu_threads
     from runtime.cpu_threads import threads_per_job
 
     assert threads_per_job(1, {}) == {}
     assert threads_per_job(2, {"OMP_NUM_THREADS": "3"}) == {}  # the caller's choice stands
-    assert threads_per_job(2, {}) == {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2))}
+    monkeypatch.setattr(cpu_threads, "usable_cpus", lambda: {0, 1, 2, 3, 4, 5})  # a 6-CPU mask on any machine
+    assert threads_per_job(2, {}) == {"OMP_NUM_THREADS": "3"}
+    monkeypatch.setattr(cpu_threads, "usable_cpus", lambda: {3})  # taskset -c 3: one core, however many exist
+    assert threads_per_job(2, {}) == {"OMP_NUM_THREADS": "1"}
 
 
 def test_wide_rungs_add_heads_of_k3s_width_instead_of_widening_them():
