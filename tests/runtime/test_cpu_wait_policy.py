@@ -10,7 +10,15 @@ import sys
 import pytest
 
 import runtime.cpu_wait_policy as cpu_wait_policy
-from runtime.cpu_wait_policy import BRIEF_SPINS, BUSY_CORES, CHOICE, choose_at_startup, cpu_times, other_busy_cores
+from runtime.cpu_wait_policy import (
+    BRIEF_SPINS,
+    BUSY_CORES,
+    CHOICE,
+    choose_at_startup,
+    cpu_times,
+    other_busy_cores,
+    usable_cpus,
+)
 from runtime.jsonl_logger import read_metrics
 from tests.helpers import REPO, run_train
 
@@ -63,6 +71,8 @@ def test_too_late_once_torch_is_loaded():
 def test_the_measurement_sees_a_busy_process_and_not_itself():
     idle = other_busy_cores(0.3)
     assert idle is not None and idle >= 0.0
+    if idle > len(usable_cpus()) - 0.8:  # other work already fills the cores: one more loop cannot show
+        pytest.skip(f"{idle:.1f} of {len(usable_cpus())} cores busy before the test: no free core to see a spinner on")
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         busy = other_busy_cores(0.5)
