@@ -66,7 +66,9 @@ def margin_histogram(r: torch.Tensor, lo: float | torch.Tensor, hi: float | torc
     """
     N, E = r.shape
     width = (hi - lo) / bins
-    idx = torch.floor((r.double() - lo) / width).clamp_(0, bins - 1).long()  # [N, E]
+    # a NaN margin (scores of a diverging step) counts in the last bin instead of turning into a negative
+    # index: the step ends and the non-finite guard names it, rather than bincount failing mid-forward
+    idx = torch.nan_to_num(torch.floor((r.double() - lo) / width), nan=bins - 1).clamp_(0, bins - 1).long()  # [N, E]
     idx += torch.arange(E, device=r.device) * bins  # flatten (expert, bin)
     return torch.bincount(idx.flatten(), minlength=E * bins).view(E, bins).to(torch.int32)
 

@@ -139,6 +139,21 @@ def test_histogram_statistic_matches_margin_histogram_and_is_additive():
     assert r.stats_complete()
 
 
+def test_a_diverging_step_reaches_the_non_finite_guard_instead_of_failing_in_the_histogram():
+    """NaN scores (weights gone non-finite at a too-high rate) give NaN margins: they count in the last bin
+    and the forward pass ends, so the run stops naming the non-finite step instead of failing in bincount."""
+    r = torch.tensor([[0.1, float("nan")], [float("inf"), -float("inf")], [float("nan"), float("nan")]])
+    h = margin_histogram(r, -1.0, 1.0, 4)  # [E=2, bins=4]
+    assert h.tolist() == [[0, 0, 1, 2], [1, 0, 0, 2]]
+    router = _router(E=8, k=2)
+    router.configure_stats(hist_bins=50)
+    router.train()
+    with torch.no_grad():
+        router.weight.fill_(float("nan"))
+    router(_x(N=16))
+    assert int(router.hist.sum()) == 16 * 8
+
+
 def test_lazy_stats_backfill_from_the_latest_forward():
     r = _router(E=8, k=2).train()
     x = _x(N=40)
